@@ -1,0 +1,579 @@
+"""Attacks on [0,1]-image classifiers: a registry of callables, all with one calling convention.
+
+Every attack is ``attack(model, x, y, *, eps, gen, norm, **params) -> x_adv`` where ``model`` maps
+images in [0,1] (normalisation inside) to logits and is in eval mode, ``eps`` is in [0,1] pixel
+units, ``gen`` is the ``torch.Generator`` that makes the attack reproducible, and ``x_adv`` lies in
+[0,1] and in the eps-ball around ``x``. Attacks take input gradients with ``torch.autograd.grad``
+(no parameter-gradient work, no ``.grad`` left on the model) and run under ``torch.enable_grad()``
+so that a caller's ``no_grad`` cannot silently turn them into no-ops.
+
+Registered: ``fgsm``, ``fgsm_l2``, ``pgd`` (Wong et al. 2020, Linf and L2), ``autoattack``
+(pyautoattack). Any ``torchattacks.<Name>`` resolves through :func:`resolve_attack` when the
+optional torchattacks package is installed.
+
+Registry metadata (read by :mod:`robustbench_nacl.suites` and :mod:`robustbench_nacl.benchmark`
+instead of branching on names):
+
+- ``norms``: threat models the attack supports (first = default);
+- ``params``: extra keyword -> validator (suites reject unknown keys and bad values);
+- ``family``: ``"single_step"`` or ``"iterative"`` (sanity check: iterative <= single-step);
+- ``needs_num_classes``: pass ``num_classes`` (the logits width);
+- ``eps0_check``: whether running it at eps = 0 is a cheap integrity check;
+- ``check_params``: optional ``(params) -> None`` raising ValueError for invalid combinations;
+- ``describe``: optional ``(params, num_classes) -> dict`` of effective settings for result rows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .errors import UserError
+from .registry import Registry
+from .sanity import check_perturbation
+
+
+class Attack(Protocol):
+    """The calling convention every registered attack follows."""
+
+    def __call__(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        *,
+        eps: float,
+        gen: torch.Generator | None,
+        norm: str,
+        **params: Any,
+    ) -> Tensor: ...
+
+
+ATTACKS: Registry[Attack] = Registry("attack")
+
+TORCHATTACKS_PREFIX = "torchattacks."
+TORCHATTACKS_HINT = "pip install 'robustbench-nacl[torchattacks]'"
+
+
+# ============ parameter validators (used by suites.py through the registry metadata) ============
+
+
+def short_repr(v: Any, limit: int = 60) -> str:
+    """``repr(v)`` cut to ``limit`` characters (error messages stay one short line)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def int_at_least(lo: int) -> Callable[[Any], int]:
+    """Validator: an integer (not a bool) >= ``lo``."""
+
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"must be an integer >= {lo}, got {short_repr(v)}")
+        return int(v)
+
+    return check
+
+
+def positive_float(v: Any) -> float:
+    """Validator: a finite number > 0."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"must be a finite number > 0, got {short_repr(v)}")
+    return float(v)
+
+
+def boolean(v: Any) -> bool:
+    """Validator: true or false."""
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {short_repr(v)}")
+    return v
+
+
+def one_of(*choices: str) -> Callable[[Any], str]:
+    """Validator: one of the given strings."""
+
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {short_repr(v)}")
+        return str(v)
+
+    return check
+
+
+def list_of(*choices: str) -> Callable[[Any], list[str]]:
+    """Validator: a non-empty list of distinct strings from ``choices``."""
+
+    def check(v: Any) -> list[str]:
+        if not isinstance(v, (list, tuple)) or not v or any(c not in choices for c in v):
+            raise ValueError(f"must be a non-empty list drawn from {', '.join(choices)}, got {short_repr(v)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"has duplicates: {short_repr(v)}")
+        return [str(c) for c in v]
+
+    return check
+
+
+# ============ threat models: one small object per norm instead of if-chains ============
+
+
+def _flat_norm(t: Tensor) -> Tensor:
+    """Per-example L2 norm, shaped to broadcast against ``t``."""
+    return t.flatten(1).norm(dim=1).view(-1, *([1] * (t.dim() - 1)))
+
+
+class _Linf:
+    @staticmethod
+    def random_init(x: Tensor, eps: float, gen: torch.Generator | None) -> Tensor:
+        return (_rand(x, gen) * 2 - 1) * eps
+
+    @staticmethod
+    def ascent(g: Tensor, step: float) -> Tensor:
+        return step * g.sign()
+
+    @staticmethod
+    def project(delta: Tensor, eps: float) -> Tensor:
+        return delta.clamp(-eps, eps)
+
+
+class _L2:
+    @staticmethod
+    def random_init(x: Tensor, eps: float, gen: torch.Generator | None) -> Tensor:
+        # Wong et al.: a Gaussian direction scaled to a radius drawn uniformly in [0, eps].
+        d = _randn(x, gen)
+        r = _rand(x, gen, shape=(len(x),) + (1,) * (x.dim() - 1))
+        return d / _flat_norm(d).clamp_min(1e-12) * (r * eps)
+
+    @staticmethod
+    def ascent(g: Tensor, step: float) -> Tensor:
+        return step * g / _flat_norm(g).clamp_min(1e-12)
+
+    @staticmethod
+    def project(delta: Tensor, eps: float) -> Tensor:
+        return delta * (eps / _flat_norm(delta).clamp_min(1e-12)).clamp(max=1.0)
+
+
+NORMS: dict[str, type] = {"Linf": _Linf, "L2": _L2}
+
+
+def _norm_ops(norm: str) -> type:
+    try:
+        return NORMS[norm]
+    except KeyError:
+        raise UserError(f"unknown norm {norm!r}; valid norms: {', '.join(NORMS)}") from None
+
+
+def project(x: Tensor, x_adv: Tensor, eps: float, norm: str = "Linf") -> Tensor:
+    """Project ``x_adv`` onto the ``norm`` eps-ball around ``x`` intersected with the [0,1] box.
+
+    Clamping to the box after the ball projection never leaves the ball: since ``x`` is in [0,1],
+    the box clamp moves every coordinate of the perturbation towards zero.
+    """
+    delta = _norm_ops(norm).project((x_adv - x).detach(), eps)
+    return (x + delta).clamp(0.0, 1.0).detach()
+
+
+# ============ helpers ============
+
+
+def _rand(like: Tensor, gen: torch.Generator | None, shape: Sequence[int] | None = None) -> Tensor:
+    """Uniform [0,1) noise (shaped like ``like`` by default), drawn on the generator's device."""
+    dev = gen.device if gen is not None else like.device
+    size = tuple(like.shape if shape is None else shape)
+    return torch.rand(size, generator=gen, device=dev, dtype=like.dtype).to(like.device)
+
+
+def _randn(like: Tensor, gen: torch.Generator | None) -> Tensor:
+    dev = gen.device if gen is not None else like.device
+    return torch.randn(like.shape, generator=gen, device=dev, dtype=like.dtype).to(like.device)
+
+
+def seed_from(gen: torch.Generator | None) -> int:
+    """A 31-bit seed drawn from ``gen`` (for libraries that only take an integer seed)."""
+    dev = gen.device if gen is not None else "cpu"
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device=dev).item())
+
+
+def model_device(model: nn.Module, default: torch.device | str = "cpu") -> torch.device:
+    """The device of the model's first parameter or buffer (``default`` if it has none)."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device(default)
+
+
+def input_grad(model: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradient of the summed cross-entropy w.r.t. the input, and the (detached) logits.
+
+    The sum (not the mean) makes each example's gradient independent of the batch it sits in.
+    A model whose output does not depend on its input gets a zero gradient, not an error.
+    """
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(x)
+        loss = F.cross_entropy(logits.float(), y, reduction="sum")
+        if not loss.requires_grad:
+            return torch.zeros_like(x), logits.detach()
+        (g,) = torch.autograd.grad(loss, x, allow_unused=True)
+    return (torch.zeros_like(x) if g is None else g), logits.detach()
+
+
+# ============ FGSM ============
+
+
+def _fgsm(model: nn.Module, x: Tensor, y: Tensor, eps: float, norm: str) -> Tensor:
+    # No random start (SEED_SPEC D25): FGSM is not one-step PGD with a random init.
+    g, _ = input_grad(model, x, y)
+    return (x.detach() + _norm_ops(norm).ascent(g, eps)).clamp(0.0, 1.0)
+
+
+@ATTACKS.register("fgsm", norms=("Linf",), params={}, family="single_step", eps0_check=True)
+def fgsm(
+    model: nn.Module, x: Tensor, y: Tensor, *, eps: float, gen: torch.Generator | None = None, norm: str = "Linf"
+) -> Tensor:
+    """FGSM (Goodfellow et al. 2015): ``clamp(x + eps * sign(grad_x CE), 0, 1)``, no random start."""
+    return _fgsm(model, x, y, eps, "Linf")
+
+
+@ATTACKS.register("fgsm_l2", norms=("L2",), params={}, family="single_step", eps0_check=True)
+def fgsm_l2(
+    model: nn.Module, x: Tensor, y: Tensor, *, eps: float, gen: torch.Generator | None = None, norm: str = "L2"
+) -> Tensor:
+    """Fast gradient method in L2: ``clamp(x + eps * g / ||g||_2, 0, 1)``."""
+    return _fgsm(model, x, y, eps, "L2")
+
+
+# ============ PGD (Wong et al. 2020, "Fast is better than free": attack_pgd) ============
+
+
+def _pgd_run(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    eps: float,
+    ops: type,
+    steps: int,
+    step_size: float,
+    gen: torch.Generator | None,
+    random_start: bool,
+    early_stop: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One restart. Returns (delta, final per-example CE, fooled mask)."""
+    delta = ops.random_init(x, eps, gen) if random_start else torch.zeros_like(x)
+    delta = (x + delta).clamp(0.0, 1.0) - x
+    active = torch.arange(len(x), device=x.device)
+    for _ in range(steps):
+        whole = len(active) == len(x)  # avoid gather/scatter while nobody has been fooled yet
+        xa, ya = (x, y) if whole else (x[active], y[active])
+        da = (delta if whole else delta[active]).detach().requires_grad_(True)
+        logits = model(xa + da)
+        # The logits of this step's forward decide who is still correct: no extra forward.
+        keep = logits.argmax(1) == ya if early_stop else torch.ones_like(ya, dtype=torch.bool)
+        if not bool(keep.any()):
+            break
+        loss = F.cross_entropy(logits.float(), ya, reduction="sum")
+        if loss.requires_grad:
+            (g,) = torch.autograd.grad(loss, da, allow_unused=True)
+            g = torch.zeros_like(da) if g is None else g
+        else:
+            g = torch.zeros_like(da)
+        d = ops.project(da.detach() + ops.ascent(g, step_size), eps)
+        d = (xa + d).clamp(0.0, 1.0) - xa
+        delta[active[keep]] = d[keep]
+        active = active[keep]
+    with torch.no_grad():
+        logits = model(x + delta)
+        loss = F.cross_entropy(logits.float(), y, reduction="none")
+        fooled = logits.argmax(1) != y
+    return delta, loss, fooled
+
+
+@ATTACKS.register(
+    "pgd",
+    norms=("Linf", "L2"),
+    params={
+        "steps": int_at_least(1),
+        "step_size": positive_float,
+        "restarts": int_at_least(1),
+        "random_start": boolean,
+        "early_stop": boolean,
+    },
+    family="iterative",
+    eps0_check=True,
+)
+def pgd(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    eps: float,
+    gen: torch.Generator | None = None,
+    norm: str = "Linf",
+    steps: int = 10,
+    step_size: float | None = None,
+    restarts: int = 1,
+    random_start: bool = True,
+    early_stop: bool = True,
+) -> Tensor:
+    """PGD as in Wong et al. 2020 (SEED_SPEC 4.1): random start, sign (Linf) or normalised (L2) steps.
+
+    - ``step_size`` defaults to 0.01 for Linf (the paper suite's value) and ``2.5 * eps / steps`` for L2.
+    - Early stop (Wong): in each step only examples still classified correctly are updated.
+    - Restarts keep, per example, the delta with the highest CE, except that an example fooled by
+      an earlier restart stays fooled and is not attacked again.
+    - Examples misclassified on the clean input are returned unchanged (no attack work).
+    """
+    ops = _norm_ops(norm)
+    if step_size is None:
+        step_size = 0.01 if norm == "Linf" else 2.5 * eps / steps
+    x, y = x.detach(), y.detach()
+    with torch.enable_grad():
+        with torch.no_grad():
+            todo = (model(x).argmax(1) == y).nonzero().squeeze(1)
+        best = torch.zeros_like(x)
+        best_loss = torch.full((len(x),), -math.inf, device=x.device)
+        best_fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
+        for _ in range(restarts):
+            idx = todo[~best_fooled[todo]]
+            if idx.numel() == 0:
+                break
+            delta, loss, fooled = _pgd_run(
+                model, x[idx], y[idx], eps, ops, steps, step_size, gen, random_start, early_stop
+            )
+            was = best_fooled[idx]
+            better = (fooled & ~was) | ((fooled == was) & (loss > best_loss[idx]))
+            upd = idx[better]
+            best[upd], best_loss[upd], best_fooled[upd] = delta[better], loss[better], fooled[better]
+    return (x + best).clamp(0.0, 1.0)
+
+
+# ============ AutoAttack through pyautoattack ============
+
+AA_ATTACKS = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
+AA_VERSIONS = {
+    "standard": ("apgd-ce", "apgd-t", "fab-t", "square"),
+    "plus": ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t"),
+}
+# DLR divides by the gap between the 1st and 3rd largest logits; targeted DLR also uses the 4th.
+AA_MIN_CLASSES = {"apgd-dlr": 3, "apgd-t": 4}
+
+
+def autoattack_plan(
+    version: str, attacks: Sequence[str] | None, num_classes: int
+) -> tuple[list[str], int, str]:
+    """The attacks pyautoattack can run with ``num_classes`` logits, the target count, and a note.
+
+    DLR-based attacks need >= 3 (untargeted) / >= 4 (targeted) classes and are dropped otherwise;
+    targeted attacks use ``min(9, num_classes - 1)`` target classes. A 2-class problem therefore
+    runs apgd-ce, fab-t and square only under ``standard``.
+    """
+    wanted = list(attacks) if version == "custom" else list(AA_VERSIONS[version])
+    kept = [a for a in wanted if num_classes >= AA_MIN_CLASSES.get(a, 2)]
+    dropped = [a for a in wanted if a not in kept]
+    note = f"dropped {', '.join(dropped)}: needs more than {num_classes} classes" if dropped else ""
+    return kept, max(1, min(9, num_classes - 1)), note
+
+
+def _check_autoattack(params: dict[str, Any]) -> None:
+    custom = params.get("version", "standard") == "custom"
+    if custom and not params.get("attacks"):
+        raise ValueError("version='custom' needs attacks=[...] (e.g. ['apgd-ce', 'apgd-t'])")
+    if not custom and params.get("attacks") is not None:
+        raise ValueError("attacks=[...] is only allowed with version='custom'")
+
+
+def _describe_autoattack(params: dict[str, Any], num_classes: int) -> dict[str, Any]:
+    kept, n_targets, note = autoattack_plan(params.get("version", "standard"), params.get("attacks"), num_classes)
+    return {"attacks_run": kept, "n_target_classes": n_targets, **({"note": note} if note else {})}
+
+
+def _fork_rng(device: torch.device) -> AbstractContextManager[Any]:
+    # pyautoattack and torchattacks reseed torch's global RNG: keep the caller's stream intact.
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=cuda)
+
+
+@ATTACKS.register(
+    "autoattack",
+    norms=("Linf", "L2"),
+    params={"version": one_of("standard", "plus", "custom"), "attacks": list_of(*AA_ATTACKS)},
+    family="iterative",
+    needs_num_classes=True,
+    check_params=_check_autoattack,
+    # At eps = 0 AutoAttack costs as much as at any eps (5000 Square queries) and proves nothing.
+    eps0_check=False,
+    describe=_describe_autoattack,
+)
+def autoattack(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    eps: float,
+    gen: torch.Generator | None = None,
+    norm: str = "Linf",
+    version: str = "standard",
+    attacks: Sequence[str] | None = None,
+    num_classes: int | None = None,
+) -> Tensor:
+    """AutoAttack (Croce & Hein 2020) via pyautoattack, always with an explicit seed drawn from ``gen``.
+
+    ``version`` is ``standard``, ``plus`` or ``custom`` (then ``attacks`` lists the components).
+    ``num_classes`` defaults to the model's logits width; see :func:`autoattack_plan`.
+    """
+    try:
+        _check_autoattack({"version": version, "attacks": attacks})
+    except ValueError as e:
+        raise UserError(f"autoattack: {e}") from None
+    try:
+        from pyautoattack import AutoAttack
+    except ImportError as e:
+        raise UserError("pyautoattack is not installed; pip install pyautoattack") from e
+    x, y = x.detach(), y.detach()
+    if num_classes is None:
+        with torch.no_grad():
+            num_classes = int(model(x[:1]).shape[1])
+    kept, n_targets, note = autoattack_plan(version, attacks, num_classes)
+    if not kept:
+        raise UserError(f"autoattack: no component can run with {num_classes} classes ({note})")
+    if note:
+        warnings.warn(f"autoattack: {note}", stacklevel=2)
+    device = model_device(model, x.device)
+    seed = seed_from(gen)
+    with _fork_rng(device), torch.enable_grad():
+        aa = AutoAttack(model, device=device, eps=eps, norm=norm, seed=seed, version="custom", attacks=kept)
+        if version != "custom":
+            # Same settings as pyautoattack's _set_version, with the target count capped by the classes.
+            aa._set_version(version)
+            aa.attacks_to_run = kept
+        aa.apgd_targeted.n_target_classes = n_targets
+        aa.fab.n_target_classes = n_targets
+        x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=max(1, len(x)))
+    return x_adv.detach().to(x.dtype)
+
+
+# ============ torchattacks.<Name> ============
+
+
+def _torchattacks_class(name: str) -> type:
+    try:
+        torchattacks = importlib.import_module("torchattacks")
+    except ImportError:
+        raise UserError(f"attack {name!r} needs the optional torchattacks package: {TORCHATTACKS_HINT}") from None
+    cls_name = name[len(TORCHATTACKS_PREFIX) :]
+    valid = [n for n in getattr(torchattacks, "__all__", []) if n not in getattr(torchattacks, "__wrapper__", [])]
+    cls = getattr(torchattacks, cls_name, None) if cls_name in valid else None
+    if cls is None:
+        raise UserError(f"unknown attack {name!r}; torchattacks provides: {', '.join(valid)}")
+    return cls
+
+
+def torchattacks_params(name: str) -> dict[str, inspect.Parameter]:
+    """Constructor keywords of ``torchattacks.<Name>`` other than ``model`` and ``eps``."""
+    sig = inspect.signature(_torchattacks_class(name).__init__)
+    return {k: p for k, p in sig.parameters.items() if k not in ("self", "model", "eps")}
+
+
+def _make_torchattacks(name: str) -> Attack:
+    cls = _torchattacks_class(name)
+    takes_eps = "eps" in inspect.signature(cls.__init__).parameters
+
+    def run(
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        *,
+        eps: float,
+        gen: torch.Generator | None = None,
+        norm: str = "Linf",
+        **params: Any,
+    ) -> Tensor:
+        unknown = sorted(set(params) - set(torchattacks_params(name)))
+        if unknown:
+            raise UserError(
+                f"{name} does not take {', '.join(unknown)}; it takes: {', '.join(torchattacks_params(name))}"
+            )
+        x, y = x.detach(), y.detach()
+        seed = seed_from(gen)
+        with _fork_rng(model_device(model, x.device)), torch.enable_grad():
+            # torchattacks draws from torch's global RNG: seed it from our generator, restore after.
+            torch.manual_seed(seed)
+            atk = cls(model, **({"eps": eps} if takes_eps else {}), **params)
+            x_adv = atk(x, y).detach()
+        # Minimum-norm attacks (CW, DeepFool) have no eps: project their output into the threat model.
+        return x_adv if takes_eps else project(x, x_adv, eps, norm)
+
+    run.__name__ = name
+    run.__doc__ = f"{name} through torchattacks, seeded from the generator; see its own docstring."
+    return run
+
+
+_TORCHATTACKS_CACHE: dict[str, Attack] = {}
+
+
+# ============ lookup and execution ============
+
+
+def resolve_attack(name: str) -> Attack:
+    """The attack callable for a registry name or ``torchattacks.<Name>``; one-line UserError otherwise."""
+    if isinstance(name, str) and name.startswith(TORCHATTACKS_PREFIX):
+        if name not in _TORCHATTACKS_CACHE:
+            _TORCHATTACKS_CACHE[name] = _make_torchattacks(name)
+        return _TORCHATTACKS_CACHE[name]
+    if not isinstance(name, str) or name not in ATTACKS:
+        raise UserError(
+            f"unknown attack {name!r}; valid choices: {', '.join(ATTACKS.names())}, "
+            f"or {TORCHATTACKS_PREFIX}<Name> ({TORCHATTACKS_HINT})"
+        )
+    return ATTACKS.get(name)
+
+
+def attack_info(name: str) -> dict[str, Any]:
+    """Registry metadata; torchattacks attacks get generic metadata (any norm, family unknown)."""
+    if name.startswith(TORCHATTACKS_PREFIX):
+        resolve_attack(name)
+        return {"norms": tuple(NORMS), "params": None, "family": "other", "eps0_check": True}
+    resolve_attack(name)
+    return ATTACKS.info(name)
+
+
+def attack_names() -> list[str]:
+    """Registered attack names (``torchattacks.<Name>`` also accepted, not listed)."""
+    return ATTACKS.names()
+
+
+def run_attack(
+    name: str,
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    eps: float,
+    norm: str,
+    gen: torch.Generator | None,
+    batch_size: int,
+    params: dict[str, Any] | None = None,
+) -> Tensor:
+    """Run an attack in chunks of ``batch_size``; every returned chunk is checked against the threat model.
+
+    Raises ``SanityError`` if any chunk leaves the eps-ball or [0,1].
+    """
+    fn = resolve_attack(name)
+    norms = attack_info(name)["norms"]
+    if norm not in norms:
+        raise UserError(f"attack {name!r} does not support norm {norm!r}; it supports: {', '.join(norms)}")
+    params = dict(params or {})
+    out = []
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        xb_adv = fn(model, xb, yb, eps=eps, gen=gen, norm=norm, **params)
+        check_perturbation(xb, xb_adv, eps, norm)
+        out.append(xb_adv.detach())
+    return torch.cat(out) if out else x.detach().clone()

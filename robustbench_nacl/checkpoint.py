@@ -1,0 +1,106 @@
+"""Our checkpoint format: ``weights.safetensors`` plus a ``manifest.json`` sidecar.
+
+Weights are safetensors (no code can run on load); the manifest says how to rebuild the module and
+carries the weights' sha256, which is verified before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+from .errors import CheckpointError
+from .io import sha256_bytes, write_bytes_atomic, write_json_atomic
+
+WEIGHTS = "weights.safetensors"
+MANIFEST = "manifest.json"
+
+
+def save_weights(path: str | Path, module: nn.Module) -> str:
+    """Write the module's state dict as safetensors, atomically; returns its sha256."""
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    data = st_save(state)
+    write_bytes_atomic(path, data)
+    return sha256_bytes(data)
+
+
+def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` last, so its presence marks a complete checkpoint."""
+    write_json_atomic(Path(directory) / MANIFEST, manifest)
+
+
+def resolve_manifest_path(path: str | Path) -> Path:
+    """A checkpoint directory or its manifest.json -> the manifest path (CheckpointError if absent)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / MANIFEST
+    if not p.is_file():
+        raise CheckpointError(
+            f"no checkpoint manifest at {p}; pass a directory written by `train` or its manifest.json"
+        )
+    return p
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """Parse a manifest, with a one-line error for anything malformed."""
+    p = resolve_manifest_path(path)
+    try:
+        manifest = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{p} is not valid JSON ({e}); the checkpoint is corrupt") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{p} must hold a JSON object")
+    for key in ("encoder", "weights", "weights_sha256"):
+        if key not in manifest:
+            raise CheckpointError(f"{p} lacks the field {key!r}; was it written by `robustbench-nacl train`?")
+    return manifest
+
+
+def load_state(weights_path: str | Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """Read a safetensors file, verifying its sha256 and that every tensor is finite."""
+    p = Path(weights_path)
+    if not p.is_file():
+        raise CheckpointError(f"weights file {p} not found")
+    data = p.read_bytes()
+    if expected_sha256 is not None and sha256_bytes(data) != expected_sha256:
+        raise CheckpointError(
+            f"sha256 of {p} does not match its manifest (file changed or corrupt); refusing to load it"
+        )
+    try:
+        state = st_load(data)
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{p} is not a valid safetensors file ({str(e).splitlines()[0]})") from None
+    check_finite(state, p)
+    return state
+
+
+def check_finite(state: dict[str, torch.Tensor], origin: Any) -> None:
+    """Refuse weights holding NaN or Inf (they would silently poison every number downstream)."""
+    for k, v in state.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise CheckpointError(
+                f"{origin}: tensor {k!r} holds NaN or Inf values; the checkpoint is unusable"
+            )
+
+
+def load_strict(module: nn.Module, state: dict[str, torch.Tensor], origin: Any) -> None:
+    """``load_state_dict(strict=True)`` with a one-line error naming what did not match."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shape = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or shape:
+        parts = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shape)):
+            if keys:
+                more = f" (+{len(keys) - 5} more)" if len(keys) > 5 else ""
+                parts.append(f"{label}: {', '.join(keys[:5])}{more}")
+        raise CheckpointError(f"{origin} does not fit the architecture ({'; '.join(parts)}); check --arch")
+    module.load_state_dict(state, strict=True)

@@ -1,0 +1,262 @@
+"""The ``robustbench-nacl`` command: one subcommand per workflow, registered in ``COMMANDS``.
+
+User errors (bad flags, missing data, broken checkpoints) print one line and exit with code 2;
+there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .errors import UserError
+from .registry import Registry
+
+Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+COMMANDS: Registry[Command] = Registry("command")
+
+
+def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser], None]], Any]:
+    """Register ``add_arguments`` for a subcommand; its runner is the function named ``run_<name>``."""
+
+    def deco(
+        add_args: Callable[[argparse.ArgumentParser], None],
+    ) -> Callable[[argparse.ArgumentParser], None]:
+        COMMANDS.add(name, (add_args, globals()[f"run_{name.replace('-', '_')}"]), help=help)
+        return add_args
+
+    return deco
+
+
+def _json_kv(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UserError(f"{item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+# ============ losses ============
+
+
+def run_losses(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from .losses import PRESETS, needs, resolve
+
+    names = [args.name] if args.name else PRESETS.names()
+    entries = []
+    for n in names:
+        preset = PRESETS.get(n)
+        p = resolve(n, args.set) if args.name else preset.params
+        entries.append(
+            {
+                "name": n,
+                "params": p.to_dict(),
+                "needs": needs(p).__dict__,
+                "paper": preset.paper,
+                "description": preset.description,
+                "grid": preset.grid,
+            }
+        )
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    rows = []
+    for e in entries:
+        p = e["params"]
+        if p["objective"] != "contrastive":
+            nacl = "CE"
+        elif p["positives"] != "nca":
+            nacl = p["positives"].upper().replace("WORST_PAIR", "ArCL")
+        else:
+            nacl = "NCA+MIXNCA" if p["combine"] else ("MIXNCA" if p["lam"] is not None else "NCA")
+        rows.append(
+            [
+                e["name"],
+                nacl,
+                p["G1"],
+                p["M"],
+                "-" if p["lam"] is None else p["lam"],
+                p["alpha"],
+                p["G2"] if p["alpha"] else "-",
+                p["w"] if p["alpha"] else "-",
+                p["tau_plus"],
+                p["beta"],
+                p["t"],
+                p["views"],
+                e["paper"],
+            ]
+        )
+    headers = [
+        "preset",
+        "L_NaCl",
+        "G1",
+        "M",
+        "lambda",
+        "alpha",
+        "G2",
+        "w",
+        "tau+",
+        "beta",
+        "t",
+        "positives",
+        "source",
+    ]
+    print(
+        "L = L_NaCl(G1, M, lambda) + alpha * L_Robust(G2, w)   (NaCl Table 1, generated from the presets)\n"
+    )
+    print(tabulate(rows, headers=headers, tablefmt="github"))
+    return 0
+
+
+@command("losses", "list the loss presets (the paper's Table 1) or show one with overrides")
+def _losses_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", help="one preset to show (with --set overrides applied)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a loss parameter")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {name, params, ...}")
+
+
+# ============ encoders / datasets ============
+
+
+def run_encoders(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from .encoders import ENCODERS
+
+    rows = [[n, ENCODERS.info(n).get("description", "")] for n in ENCODERS.names()]
+    print(tabulate(rows, headers=["encoder", "description"], tablefmt="github"))
+    return 0
+
+
+@command("encoders", "list the encoder architectures")
+def _encoders_args(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run_datasets(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from .data import DATASETS
+
+    rows = [
+        [n, DATASETS.info(n).get("num_classes"), DATASETS.info(n).get("how_to_get", "")]
+        for n in DATASETS.names()
+    ]
+    print(tabulate(rows, headers=["dataset", "classes", "how to get it"], tablefmt="github"))
+    return 0
+
+
+@command("datasets", "list the datasets and how to get each")
+def _datasets_args(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+# ============ train ============
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from .losses import parse_overrides
+    from .trainer import TrainConfig, train
+
+    cfg = TrainConfig(
+        loss=args.loss,
+        overrides=parse_overrides(args.set),
+        dataset=args.dataset,
+        encoder=args.encoder,
+        encoder_kwargs=_json_kv(args.encoder_arg),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        fuse_views=args.fuse_views,
+        knn_every=args.knn_every,
+        precision=args.precision,
+        channels_last=args.channels_last,
+        data_root=args.data_root,
+    )
+    out = train(cfg, args.out, device=args.device, resume=args.resume, progress=not args.no_progress)
+    manifest = json.loads((out / "manifest.json").read_text())
+    print(
+        f"wrote {out / manifest['weights']} and {out / 'manifest.json'} "
+        f"(test kNN accuracy {manifest['knn_acc']:.4f})"
+    )
+    return 0
+
+
+@command("train", "train one encoder with one loss preset")
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--loss", required=True, help="loss preset (see `robustbench-nacl losses`)")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a loss parameter, e.g. --set M=5"
+    )
+    p.add_argument("--dataset", default="digits", help="dataset spec, e.g. digits, cifar100, digits:0-4")
+    p.add_argument("--encoder", default="convnet_small", help="encoder (see `robustbench-nacl encoders`)")
+    p.add_argument("--encoder-arg", action="append", metavar="KEY=VALUE", help="encoder kwarg, e.g. width=16")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument(
+        "--fuse-views", action="store_true", help="forward all views in one pass (changes BN statistics)"
+    )
+    p.add_argument("--knn-every", type=int, default=5, help="kNN monitor every N epochs")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument(
+        "--data-root",
+        default=None,
+        help="dataset directory (default $ROBUSTBENCH_NACL_DATA or ~/.cache/robustbench_nacl)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+# ============ entry point ============
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per registered command."""
+    parser = argparse.ArgumentParser(
+        prog="robustbench-nacl",
+        description="Adversarial-robustness benchmark and model zoo for contrastive encoders.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS.names():
+        add_args, _ = COMMANDS.get(name)
+        add_args(
+            sub.add_parser(name, help=COMMANDS.info(name)["help"], description=COMMANDS.info(name)["help"])
+        )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 user error, 3 non-finite loss, 130 interrupted)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _, runner = COMMANDS.get(args.command)
+    try:
+        return runner(args)
+    except UserError as e:
+        print(f"robustbench-nacl {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"robustbench-nacl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

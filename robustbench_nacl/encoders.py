@@ -1,0 +1,686 @@
+"""Encoders, projection heads and dual (AdvProp-style) BatchNorm.
+
+Contract: an encoder is an ``nn.Module`` from images in [0,1] of shape (B, C, H, W) to features h of
+shape (B, feature_dim). Input normalisation lives inside it as the persistent buffers ``mean`` and
+``std`` (shape (1, C, 1, 1)), so attacks, epsilon, clamping and mixing are all in pixel space and a
+checkpoint carries its own normalisation (SEED_SPEC gotcha 14). The linear probe and every attack use
+this un-normalised h; the projection head is only for the contrastive loss (gotcha 13).
+
+The network proper sits under ``encoder.backbone``. The ResNets reproduce torchvision's parameter and
+buffer names exactly (``conv1.weight``, ``layer1.0.downsample.1.running_mean``, ...), so a torchvision
+state dict without ``fc.*`` loads into ``encoder.backbone`` with ``strict=True``.
+
+Dual BatchNorm (CLAE / AdvProp, SEED_SPEC 1.5, gotchas 18 and 21): with ``dual_bn=True`` every
+BatchNorm becomes a :class:`DualBatchNorm` with a clean branch ``.main`` and an adversarial branch
+``.aux`` (momentum 0.01). :func:`bn_route` temporarily switches all of them; the default route, and
+hence evaluation, is the clean branch. :func:`strip_dual_bn` exports the clean branch as a plain
+state dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import UserError
+from .registry import Registry
+
+__all__ = [
+    "ENCODERS",
+    "HEADS",
+    "ROUTES",
+    "BasicBlock",
+    "Bottleneck",
+    "ContrastiveModel",
+    "DualBatchNorm",
+    "Encoder",
+    "ResNetBackbone",
+    "bn_route",
+    "convert_to_dual_bn",
+    "create_encoder",
+    "create_head",
+    "encoder_names",
+    "has_dual_bn",
+    "head_names",
+    "set_bn_route",
+    "strip_dual_bn",
+]
+
+ENCODERS: Registry[Callable[..., Encoder]] = Registry("encoder")
+HEADS: Registry[Callable[..., nn.Module]] = Registry("projection head")
+
+ROUTES = ("clean", "adv")
+_BN_STATE_KEYS = frozenset({"weight", "bias", "running_mean", "running_var", "num_batches_tracked"})
+
+
+# ============ dual BatchNorm ============
+
+
+class DualBatchNorm(nn.Module):
+    """Two BatchNorms of the same kind: ``main`` for clean inputs and ``aux`` for adversarial ones.
+
+    ``forward`` uses the branch named by the ``route`` attribute ("clean" -> ``main``, "adv" -> ``aux``),
+    default "clean". Only the selected branch's running statistics are updated in train mode. ``aux``
+    uses momentum 0.01 (CLAE's auxiliary BN). Set the route with :func:`bn_route` / :func:`set_bn_route`.
+
+    Note: in a step that uses only one route, the other branch's affine parameters get no gradient
+    (DistributedDataParallel then needs ``find_unused_parameters=True``).
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        dim: int = 2,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        aux_momentum: float | None = 0.01,
+        affine: bool = True,
+        track_running_stats: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim not in (1, 2):
+            raise ValueError(f"DualBatchNorm dim must be 1 or 2, got {dim}")
+        cls = nn.BatchNorm1d if dim == 1 else nn.BatchNorm2d
+        kw = {"eps": eps, "affine": affine, "track_running_stats": track_running_stats}
+        self.main = cls(num_features, momentum=momentum, **kw)
+        self.aux = cls(num_features, momentum=aux_momentum, **kw)
+        self.route = "clean"
+
+    @classmethod
+    def from_bn(cls, bn: nn.modules.batchnorm._BatchNorm, aux_momentum: float | None = 0.01) -> DualBatchNorm:
+        """Wrap an existing BatchNorm: ``main`` is ``bn`` itself, ``aux`` a copy with ``aux_momentum``."""
+        if not isinstance(bn, nn.BatchNorm1d | nn.BatchNorm2d):
+            raise TypeError(f"DualBatchNorm wraps BatchNorm1d/BatchNorm2d, got {type(bn).__name__}")
+        dual = cls(bn.num_features, dim=1 if isinstance(bn, nn.BatchNorm1d) else 2)
+        dual.main = bn
+        dual.aux = copy.deepcopy(bn)
+        dual.aux.momentum = aux_momentum
+        return dual
+
+    @property
+    def num_features(self) -> int:
+        return self.main.num_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.main(x) if self.route == "clean" else self.aux(x)
+
+    def extra_repr(self) -> str:
+        return f"route={self.route!r}"
+
+
+def _check_route(route: str) -> None:
+    if route not in ROUTES:
+        raise UserError(f"unknown BatchNorm route {route!r}; valid choices: {', '.join(ROUTES)}")
+
+
+def _dual_bns(model: nn.Module) -> list[DualBatchNorm]:
+    return [m for m in model.modules() if isinstance(m, DualBatchNorm)]
+
+
+def has_dual_bn(model: nn.Module) -> bool:
+    """Whether ``model`` contains any :class:`DualBatchNorm`."""
+    return any(isinstance(m, DualBatchNorm) for m in model.modules())
+
+
+def set_bn_route(model: nn.Module, route: str) -> None:
+    """Route every :class:`DualBatchNorm` in ``model`` to ``route`` ("clean" or "adv"), permanently."""
+    _check_route(route)
+    for m in _dual_bns(model):
+        m.route = route
+
+
+@contextlib.contextmanager
+def bn_route(model: nn.Module, route: str) -> Iterator[nn.Module]:
+    """Temporarily route every :class:`DualBatchNorm` in ``model`` to ``route`` ("clean" or "adv").
+
+    Each layer's previous route is restored on exit, also when the body raises. Models without dual
+    BatchNorm are unaffected (the context is then a no-op), so callers need not special-case them.
+    """
+    _check_route(route)
+    layers = _dual_bns(model)
+    previous = [m.route for m in layers]
+    try:
+        for m in layers:
+            m.route = route
+        yield model
+    finally:
+        for m, r in zip(layers, previous, strict=True):
+            m.route = r
+
+
+def convert_to_dual_bn(module: nn.Module, aux_momentum: float | None = 0.01) -> nn.Module:
+    """Replace every ``BatchNorm1d``/``BatchNorm2d`` in ``module`` (in place) with a :class:`DualBatchNorm`.
+
+    The existing BN (with its parameters and statistics) becomes ``.main``; ``.aux`` starts as a copy.
+    Returns ``module`` (or the wrapper when ``module`` itself is a BatchNorm).
+    """
+    if isinstance(module, nn.BatchNorm1d | nn.BatchNorm2d):
+        return DualBatchNorm.from_bn(module, aux_momentum)
+    for name, child in module.named_children():
+        if isinstance(child, DualBatchNorm):
+            continue
+        new = convert_to_dual_bn(child, aux_momentum)
+        if new is not child:
+            setattr(module, name, new)
+    return module
+
+
+def strip_dual_bn(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep only the clean branch of a dual-BN state dict, renamed to the plain BatchNorm layout.
+
+    ``layer1.0.bn1.main.weight`` -> ``layer1.0.bn1.weight``; ``...aux.*`` entries are dropped; all other
+    entries pass through unchanged (order kept). A plain state dict is returned as is (copied).
+    """
+    out: dict[str, Any] = {}
+    for key, value in state_dict.items():
+        parts = key.split(".")
+        if len(parts) >= 2 and parts[-1] in _BN_STATE_KEYS and parts[-2] in ("main", "aux"):
+            if parts[-2] == "aux":
+                continue
+            key = ".".join(parts[:-2] + parts[-1:])
+        out[key] = value
+    return out
+
+
+# ============ the encoder wrapper ============
+
+
+def _channel_stats(values: Sequence[float], in_channels: int, what: str) -> torch.Tensor:
+    t = torch.as_tensor(values, dtype=torch.float32).flatten()
+    if t.numel() == 1:
+        t = t.expand(in_channels).clone()
+    if t.numel() != in_channels:
+        raise UserError(
+            f"encoder {what} has {t.numel()} values but the images have {in_channels} channels; "
+            f"give 1 or {in_channels} values"
+        )
+    if not torch.isfinite(t).all():
+        raise UserError(f"encoder {what} must be finite, got {t.tolist()}")
+    return t.view(1, in_channels, 1, 1)
+
+
+class Encoder(nn.Module):
+    """Images in [0,1] (B, C, H, W) -> features (B, feature_dim): ``backbone((x - mean) / std)``.
+
+    ``mean``/``std`` are persistent buffers of shape (1, C, 1, 1), so they travel with the state dict.
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        feature_dim: int,
+        *,
+        in_channels: int,
+        mean: Sequence[float] = (0.5,),
+        std: Sequence[float] = (0.5,),
+        input_shape: tuple[int, int, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.feature_dim = int(feature_dim)
+        self.in_channels = int(in_channels)
+        self.input_shape = tuple(input_shape) if input_shape is not None else None
+        mean_t = _channel_stats(mean, in_channels, "mean")
+        std_t = _channel_stats(std, in_channels, "std")
+        if (std_t <= 0).any():
+            raise UserError(f"encoder std must be positive, got {std_t.flatten().tolist()}")
+        self.register_buffer("mean", mean_t, persistent=True)
+        self.register_buffer("std", std_t, persistent=True)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """[0,1] pixels -> the backbone's input space."""
+        return (x - self.mean) / self.std
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(self.normalize(x))
+
+    def extra_repr(self) -> str:
+        return f"feature_dim={self.feature_dim}, in_channels={self.in_channels}"
+
+
+# ============ ResNet (torchvision's parameter layout) ============
+
+
+def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False)
+
+
+def _conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, kernel_size=1, stride=stride, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock (same attribute names: conv1, bn1, conv2, bn2, downsample)."""
+
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = _conv3x3(inplanes, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = _conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Module):
+    """torchvision's Bottleneck (ResNet v1.5: the stride sits on the 3x3 conv)."""
+
+    expansion = 4
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
+        super().__init__()
+        self.conv1 = _conv1x1(inplanes, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = _conv3x3(planes, planes, stride)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = _conv1x1(planes, planes * self.expansion)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+def _init_weights(module: nn.Module) -> None:
+    """torchvision's ResNet init: Kaiming-normal fan_out convs; BN weight 1, bias 0; no zero-init residual."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm | nn.GroupNorm) and m.weight is not None:
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class ResNetBackbone(nn.Module):
+    """A torchvision-layout ResNet without ``fc``, returning the globally average-pooled features.
+
+    ``stem="cifar"``: 3x3/1 conv1 and no max-pool (SEED_SPEC 3.1, gotcha 29); ``stem="imagenet"``:
+    torchvision's 7x7/2 conv1 + 3x3/2 max-pool. ``width`` is the base width (64 = the standard nets);
+    stage widths are ``width * (1, 2, 4, 8)`` and the feature dimension ``8 * width * expansion``.
+    """
+
+    def __init__(
+        self,
+        block: type[BasicBlock | Bottleneck],
+        layers: Sequence[int],
+        *,
+        in_channels: int = 3,
+        width: int = 64,
+        stem: str = "cifar",
+    ) -> None:
+        super().__init__()
+        if stem == "cifar":
+            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+            self.maxpool: nn.Module = nn.Identity()
+        elif stem == "imagenet":
+            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=7, stride=2, padding=3, bias=False)
+            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        else:
+            raise ValueError(f"unknown ResNet stem {stem!r}")
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.inplanes = width
+        self.layer1 = self._make_layer(block, width, layers[0])
+        self.layer2 = self._make_layer(block, width * 2, layers[1], stride=2)
+        self.layer3 = self._make_layer(block, width * 4, layers[2], stride=2)
+        self.layer4 = self._make_layer(block, width * 8, layers[3], stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.feature_dim = width * 8 * block.expansion
+        _init_weights(self)
+
+    def _make_layer(
+        self, block: type[BasicBlock | Bottleneck], planes: int, blocks: int, stride: int = 1
+    ) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            downsample = nn.Sequential(
+                _conv1x1(self.inplanes, planes * block.expansion, stride),
+                nn.BatchNorm2d(planes * block.expansion),
+            )
+        layers = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * block.expansion
+        layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return torch.flatten(self.avgpool(x), 1)
+
+
+# ============ registered encoders ============
+
+
+def _check_positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"encoder option {what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _resnet(
+    block: type[BasicBlock | Bottleneck],
+    layers: Sequence[int],
+    stem: str,
+    *,
+    in_channels: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    input_shape: tuple[int, int, int] | None,
+    width: int,
+) -> Encoder:
+    width = _check_positive_int(width, "width")
+    if stem == "imagenet" and input_shape is not None and min(input_shape[1:]) < 64:
+        warnings.warn(
+            f"an ImageNet-stem ResNet (7x7/2 conv + max-pool) on {input_shape[1]}x{input_shape[2]} images "
+            "downsamples 4x before the first block; use a *_cifar encoder for small images",
+            UserWarning,
+            stacklevel=4,
+        )
+    backbone = ResNetBackbone(block, layers, in_channels=in_channels, width=width, stem=stem)
+    return Encoder(
+        backbone,
+        backbone.feature_dim,
+        in_channels=in_channels,
+        mean=mean,
+        std=std,
+        input_shape=input_shape,
+    )
+
+
+def _register_resnet(
+    name: str, block: type[BasicBlock | Bottleneck], layers: Sequence[int], stem: str, description: str
+) -> None:
+    def factory(
+        *,
+        in_channels: int = 3,
+        mean: Sequence[float] = (0.5,),
+        std: Sequence[float] = (0.5,),
+        input_shape: tuple[int, int, int] | None = None,
+        width: int = 64,
+    ) -> Encoder:
+        return _resnet(
+            block,
+            layers,
+            stem,
+            in_channels=in_channels,
+            mean=mean,
+            std=std,
+            input_shape=input_shape,
+            width=width,
+        )
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = (
+        f"{description}. ``width``: base width (64 = standard; feature_dim = 8 * width * expansion)."
+    )
+    feature_dim = 8 * 64 * block.expansion
+    ENCODERS.add(name, factory, description=description, input="images", feature_dim=feature_dim)
+
+
+_CIFAR_STEM = "CIFAR stem (3x3/1 conv1, no max-pool), global avg-pool"
+_IMAGENET_STEM = "torchvision stem (7x7/2 conv1 + 3x3/2 max-pool), global avg-pool; for 64px+ images"
+_register_resnet("resnet18_cifar", BasicBlock, (2, 2, 2, 2), "cifar", f"ResNet-18, {_CIFAR_STEM} (NaCl/CLAE)")
+_register_resnet("resnet50_cifar", Bottleneck, (3, 4, 6, 3), "cifar", f"ResNet-50, {_CIFAR_STEM} (HCL/DCL)")
+_register_resnet("resnet18_imagenet", BasicBlock, (2, 2, 2, 2), "imagenet", f"ResNet-18, {_IMAGENET_STEM}")
+_register_resnet("resnet50_imagenet", Bottleneck, (3, 4, 6, 3), "imagenet", f"ResNet-50, {_IMAGENET_STEM}")
+
+
+def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
+    return [_conv3x3(cin, cout), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+
+@ENCODERS.register(
+    "convnet_small",
+    description="3-conv CNN (32-64-128, BN, ReLU, one max-pool, global avg-pool) for 8x8 / 28x28 images",
+    input="images",
+    feature_dim=128,
+)
+def convnet_small(
+    *,
+    in_channels: int = 3,
+    mean: Sequence[float] = (0.5,),
+    std: Sequence[float] = (0.5,),
+    input_shape: tuple[int, int, int] | None = None,
+    width: int = 32,
+) -> Encoder:
+    w = _check_positive_int(width, "width")
+    backbone = nn.Sequential(
+        *_conv_bn_relu(in_channels, w),
+        *_conv_bn_relu(w, 2 * w),
+        nn.MaxPool2d(2),
+        *_conv_bn_relu(2 * w, 4 * w),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(1),
+    )
+    _init_weights(backbone)
+    return Encoder(backbone, 4 * w, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape)
+
+
+@ENCODERS.register(
+    "mlp",
+    description="MLP on the flattened image: depth x (Linear-BN1d-ReLU); needs input_shape",
+    input="flat",
+    feature_dim=512,
+)
+def mlp(
+    *,
+    in_channels: int = 3,
+    mean: Sequence[float] = (0.5,),
+    std: Sequence[float] = (0.5,),
+    input_shape: tuple[int, int, int] | None = None,
+    hidden: int = 512,
+    depth: int = 3,
+) -> Encoder:
+    if input_shape is None:
+        raise UserError("encoder 'mlp' needs input_shape=(C, H, W) to size its first layer")
+    hidden = _check_positive_int(hidden, "hidden")
+    depth = _check_positive_int(depth, "depth")
+    c, h, w = input_shape
+    layers: list[nn.Module] = [nn.Flatten(1)]
+    d_in = c * h * w
+    for _ in range(depth):
+        # no bias: the BatchNorm right after makes it redundant
+        layers += [nn.Linear(d_in, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True)]
+        d_in = hidden
+    return Encoder(
+        nn.Sequential(*layers), hidden, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape
+    )
+
+
+def encoder_names() -> list[str]:
+    """Registered encoder names, in registration order."""
+    return ENCODERS.names()
+
+
+def create_encoder(
+    name: str,
+    *,
+    in_channels: int = 3,
+    mean: Sequence[float] = (0.5,),
+    std: Sequence[float] = (0.5,),
+    dual_bn: bool = False,
+    input_shape: tuple[int, int, int] | None = None,
+    **kwargs: Any,
+) -> Encoder:
+    """Build the registered encoder ``name``.
+
+    Args:
+        name: one of :func:`encoder_names`.
+        in_channels: image channels C.
+        mean, std: per-channel normalisation (length 1 is broadcast to C); stored as buffers.
+        dual_bn: replace every BatchNorm with a :class:`DualBatchNorm` (clean ``main`` + adversarial ``aux``).
+        input_shape: (C, H, W) of the images; required by "mlp", optional elsewhere; C must equal in_channels.
+        **kwargs: encoder options, e.g. ``width`` (ResNets, convnet_small) or ``hidden``/``depth`` (mlp).
+
+    Raises:
+        UserError: unknown name or option, inconsistent shapes or normalisation.
+    """
+    factory = ENCODERS.get(name)
+    in_channels = _check_positive_int(in_channels, "in_channels")
+    if input_shape is not None:
+        try:
+            input_shape = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
+        except (TypeError, ValueError):
+            raise UserError(f"input_shape must be (C, H, W), got {input_shape!r}") from None
+        if len(input_shape) != 3 or min(input_shape) < 1:
+            raise UserError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape!r}")
+        if input_shape[0] != in_channels:
+            raise UserError(
+                f"input_shape {input_shape} has {input_shape[0]} channels but in_channels={in_channels}"
+            )
+    accepted = set(inspect.signature(factory).parameters) - {"in_channels", "mean", "std", "input_shape"}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise UserError(
+            f"encoder {name!r} does not take option(s) {', '.join(unknown)}; "
+            f"it takes: {', '.join(sorted(accepted)) or 'none'}"
+        )
+    encoder = factory(in_channels=in_channels, mean=mean, std=std, input_shape=input_shape, **kwargs)
+    if dual_bn:
+        convert_to_dual_bn(encoder)
+    return encoder
+
+
+# ============ projection heads ============
+
+
+@HEADS.register(
+    "clae",
+    description="Linear(d,512)-ReLU-Linear(512,64): CLAE/NaCl projection head (SEED_SPEC D2)",
+    hidden=512,
+    out_dim=64,
+)
+def clae_head(in_dim: int, hidden: int = 512, out_dim: int = 64) -> nn.Module:
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
+
+
+@HEADS.register(
+    "simclr",
+    description="Linear(d,512,no bias)-BN1d-ReLU-Linear(512,128): HCL/DCL projection head",
+    hidden=512,
+    out_dim=128,
+)
+def simclr_head(in_dim: int, hidden: int = 512, out_dim: int = 128) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(in_dim, hidden, bias=False),
+        nn.BatchNorm1d(hidden),
+        nn.ReLU(inplace=True),
+        nn.Linear(hidden, out_dim, bias=True),
+    )
+
+
+@HEADS.register("none", description="identity: the loss sees the encoder features", hidden=None, out_dim=None)
+def identity_head(in_dim: int, hidden: int | None = None, out_dim: int | None = None) -> nn.Module:
+    if hidden is not None or (out_dim is not None and out_dim != in_dim):
+        raise UserError("projection head 'none' takes no hidden/out_dim options")
+    return nn.Identity()
+
+
+@HEADS.register(
+    "linear",
+    description="Linear(d, num_classes): the classifier of the supervised baseline (needs out_dim)",
+    hidden=None,
+    out_dim=None,
+)
+def linear_head(in_dim: int, hidden: int | None = None, out_dim: int | None = None) -> nn.Module:
+    if out_dim is None:
+        raise UserError("head 'linear' needs out_dim (the number of classes)")
+    return nn.Linear(in_dim, out_dim)
+
+
+def head_names() -> list[str]:
+    """Registered projection-head names."""
+    return HEADS.names()
+
+
+def create_head(
+    name: str,
+    in_dim: int,
+    *,
+    hidden: int | None = None,
+    out_dim: int | None = None,
+    dual_bn: bool = False,
+) -> nn.Module:
+    """Build the registered projection head ``name`` on ``in_dim``-d features.
+
+    ``hidden``/``out_dim`` default to the head's registered values (512/64 "clae", 512/128 "simclr").
+    The returned module has an ``out_dim`` attribute. ``dual_bn`` converts its BatchNorms to
+    :class:`DualBatchNorm`.
+    """
+    factory = HEADS.get(name)
+    in_dim = _check_positive_int(in_dim, "in_dim")
+    kwargs: dict[str, int] = {}
+    if hidden is not None:
+        kwargs["hidden"] = _check_positive_int(hidden, "hidden")
+    if out_dim is not None:
+        kwargs["out_dim"] = _check_positive_int(out_dim, "out_dim")
+    head = factory(in_dim, **kwargs)
+    head.out_dim = kwargs.get("out_dim") or HEADS.info(name)["out_dim"] or in_dim
+    if dual_bn:
+        head = convert_to_dual_bn(head)
+    return head
+
+
+class ContrastiveModel(nn.Module):
+    """Encoder plus projection head: ``forward(x) = head(encoder(x))``, not L2-normalised (the loss does it).
+
+    ``head`` is a module or a registered head name; with a name, ``hidden``/``out_dim`` are passed to
+    :func:`create_head`, and ``dual_bn=None`` gives the head dual BatchNorm exactly when the encoder has it.
+    Probing and attacks use ``model.encoder`` alone (SEED_SPEC gotcha 13).
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        head: nn.Module | str = "clae",
+        *,
+        hidden: int | None = None,
+        out_dim: int | None = None,
+        dual_bn: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(head, str):
+            if dual_bn is None:
+                dual_bn = has_dual_bn(encoder)
+            head = create_head(head, encoder.feature_dim, hidden=hidden, out_dim=out_dim, dual_bn=dual_bn)
+        elif hidden is not None or out_dim is not None or dual_bn is not None:
+            raise TypeError("hidden/out_dim/dual_bn only apply when head is given by name")
+        self.encoder = encoder
+        self.head = head
+        self.feature_dim = encoder.feature_dim
+        self.out_dim = int(getattr(head, "out_dim", encoder.feature_dim))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Encoder features h (what the probe and the attacks see)."""
+        return self.encoder(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))

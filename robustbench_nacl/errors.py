@@ -1,0 +1,27 @@
+"""User-facing errors: one line that says what is wrong and how to fix it, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input or environment (not a bug). The CLI prints it as one line."""
+
+    exit_code = 2
+
+
+class DatasetNotFound(UserError):
+    """A named dataset is neither on disk nor downloadable."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, corrupt, mismatched or unsafe."""
+
+
+class NonFiniteLoss(UserError):
+    """Training produced a NaN or Inf loss."""
+
+    exit_code = 3
+
+
+class SanityError(Exception):
+    """An evaluation invariant that must never fail (perturbation outside the ball, robust > clean)."""

@@ -1,0 +1,74 @@
+"""Frozen-encoder feature extraction and the weighted kNN monitor/probe."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def as_float_images(x: Tensor) -> Tensor:
+    """uint8 images -> float in [0,1]; float images are returned as they are."""
+    return x.float().div_(255.0) if x.dtype == torch.uint8 else x
+
+
+@torch.no_grad()
+def extract_features(
+    encoder: nn.Module, x: Tensor, *, batch_size: int = 512, device: torch.device | None = None
+) -> Tensor:
+    """Encoder outputs for every image, computed once in eval mode without gradients.
+
+    The encoder's train/eval mode is restored afterwards, so a caller in the middle of training
+    (the kNN monitor) is unaffected; BatchNorm running statistics are never updated here.
+    """
+    device = device or next(encoder.parameters()).device
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        out = [
+            encoder(as_float_images(x[i : i + batch_size].to(device))).float()
+            for i in range(0, len(x), batch_size)
+        ]
+    finally:
+        encoder.train(was_training)
+    return torch.cat(out).cpu() if out else torch.empty(0)
+
+
+@torch.no_grad()
+def knn_predict(
+    bank: Tensor,
+    bank_y: Tensor,
+    query: Tensor,
+    *,
+    num_classes: int,
+    k: int = 200,
+    t: float = 0.1,
+    chunk: int = 1024,
+) -> Tensor:
+    """Weighted kNN (Wu et al. 2018, as in the SimCLR/DCL monitors): cosine top-k, votes e^{sim/t}."""
+    bank = F.normalize(bank.float(), dim=1)
+    query = F.normalize(query.float(), dim=1)
+    k = min(k, len(bank))
+    preds = []
+    for i in range(0, len(query), chunk):
+        sim = query[i : i + chunk] @ bank.T
+        top, idx = sim.topk(k, dim=1)
+        votes = torch.zeros(len(top), num_classes, dtype=top.dtype)
+        votes.scatter_add_(1, bank_y[idx], (top / t).exp())
+        preds.append(votes.argmax(dim=1))
+    return torch.cat(preds)
+
+
+def knn_accuracy(
+    bank: Tensor,
+    bank_y: Tensor,
+    query: Tensor,
+    query_y: Tensor,
+    *,
+    num_classes: int,
+    k: int = 200,
+    t: float = 0.1,
+) -> float:
+    """Fraction of queries whose weighted-kNN vote is their label."""
+    pred = knn_predict(bank, bank_y, query, num_classes=num_classes, k=k, t=t)
+    return float((pred == query_y.cpu()).float().mean())

@@ -1,0 +1,138 @@
+"""Linear and kNN probes on a frozen encoder, and the attacked classifier they produce.
+
+Features are computed once with the encoder in eval mode and no gradients; the linear layer is
+trained on that cached tensor, so the paper's 1000-epoch schedule costs seconds. The cache is
+only for training the probe and for clean metrics: attacks always run end to end on
+``ProbedClassifier`` (normalisation -> encoder -> linear) from [0,1] pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .data import ImageData
+from .features import extract_features, knn_accuracy
+
+
+class ProbedClassifier(nn.Module):
+    """Images in [0,1] -> logits: the encoder (normalisation inside) followed by a linear head.
+
+    Always in eval mode with frozen parameters; gradients w.r.t. the input stay enabled (attacks
+    need them), so nothing here runs under ``no_grad``.
+    """
+
+    def __init__(self, encoder: nn.Module, head: nn.Linear) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+        self.requires_grad_(False)
+        self.eval()
+
+    def train(self, mode: bool = True) -> ProbedClassifier:
+        # Frozen by contract: BatchNorm must keep its running statistics under attack.
+        return super().train(False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.encoder(x))
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Linear-probe recipe (NaCl/CLAE: Adam 3e-4, batch 256, 1000 epochs, no augmentation)."""
+
+    epochs: int = 1000
+    lr: float = 3e-4
+    batch_size: int = 256
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe reports: final-epoch accuracy, and a best epoch that is selected on test."""
+
+    test_acc: float  # final-epoch accuracy on the cached test features (the reported number)
+    best_test_acc: float  # best over epochs: selected on the test set (CLAE's number), for comparison only
+    best_epoch: int
+    train_acc: float
+    knn_acc: float  # weighted kNN (k=200, t=0.1) on the same features: a second clean metric
+    n_train: int
+    n_test: int
+    config: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-ready dict."""
+        return asdict(self)
+
+
+def _accuracy(head: nn.Linear, f: Tensor, y: Tensor) -> float:
+    with torch.no_grad():
+        return float((head(f).argmax(dim=1) == y).float().mean()) if len(f) else float("nan")
+
+
+def fit_linear_probe(
+    encoder: nn.Module,
+    train: ImageData,
+    test: ImageData,
+    cfg: ProbeConfig | None = None,
+    *,
+    feature_batch: int = 512,
+) -> tuple[ProbedClassifier, ProbeResult]:
+    """Train a linear probe on cached features of a frozen encoder; returns the attacked classifier.
+
+    The encoder is put in eval mode and never updated: its state dict, BatchNorm running
+    statistics included, is bit-identical before and after (tested).
+    """
+    cfg = cfg or ProbeConfig()
+    device = next(encoder.parameters()).device
+    encoder.eval()
+    f_train = extract_features(encoder, train.x, batch_size=feature_batch).to(device)
+    f_test = extract_features(encoder, test.x, batch_size=feature_batch).to(device)
+    y_train, y_test = train.y.to(device), test.y.to(device)
+
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
+    head = nn.Linear(f_train.shape[1], train.num_classes).to(device)
+    with torch.no_grad():  # seeded init, independent of the global RNG
+        bound = 1.0 / f_train.shape[1] ** 0.5
+        head.weight.copy_(torch.empty_like(head.weight, device="cpu").uniform_(-bound, bound, generator=gen))
+        head.bias.copy_(torch.empty_like(head.bias, device="cpu").uniform_(-bound, bound, generator=gen))
+    opt = torch.optim.Adam(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    loss_fn = nn.CrossEntropyLoss()
+    n = len(f_train)
+    bs = min(cfg.batch_size, n)
+    best_acc, best_epoch = -1.0, 0
+    for epoch in range(cfg.epochs):
+        perm = torch.randperm(n, generator=gen).to(device)
+        for i in range(0, n, bs):
+            idx = perm[i : i + bs]
+            loss = loss_fn(head(f_train[idx]), y_train[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        acc = _accuracy(head, f_test, y_test)
+        if acc > best_acc:
+            best_acc, best_epoch = acc, epoch + 1
+    result = ProbeResult(
+        test_acc=_accuracy(head, f_test, y_test),
+        best_test_acc=best_acc,
+        best_epoch=best_epoch,
+        train_acc=_accuracy(head, f_train, y_train),
+        knn_acc=knn_accuracy(f_train.cpu(), train.y, f_test.cpu(), test.y, num_classes=train.num_classes),
+        n_train=n,
+        n_test=len(f_test),
+        config=asdict(cfg),
+    )
+    return ProbedClassifier(encoder, head), result
+
+
+def fit_knn_probe(
+    encoder: nn.Module, train: ImageData, test: ImageData, *, k: int = 200, t: float = 0.1
+) -> float:
+    """Weighted kNN accuracy of the frozen encoder's features (a second clean metric)."""
+    bank = extract_features(encoder, train.x)
+    query = extract_features(encoder, test.x)
+    return knn_accuracy(bank, train.y, query, test.y, num_classes=train.num_classes, k=k, t=t)

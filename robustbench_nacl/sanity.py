@@ -1,0 +1,323 @@
+"""Evaluation integrity: cheap checks that make a robustness number trustworthy (or flag it).
+
+Two kinds of result:
+
+- **Errors** (``SanityError``): things that must never happen in a correct harness, e.g. a
+  perturbation outside the eps-ball or [0,1] (:func:`check_perturbation`, run on every batch every
+  attack returns) or robust accuracy above clean accuracy.
+- **Flags**: properties of the evaluated model or of the result rows that make a number suspect
+  (AutoAttack's ``checks.py``, Athalye et al. 2018, Carlini et al. 2019): probabilities instead of
+  logits, randomness, batch dependence (BatchNorm left in train mode), zero input gradients,
+  accuracy that an unbounded attack cannot drive to zero, attacks weaker than random noise.
+
+Flags go into every result row as ``sanity_<name>`` (bool or number). Boolean flags are ``True``
+when the check passes, except ``sanity_possible_gradient_masking`` which is ``True`` when it
+fires. ``sanity_ok`` summarises a row; ``sanity_failed`` and ``sanity_warnings`` name the checks
+that failed (comma-separated; warnings do not affect ``sanity_ok``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .errors import SanityError, UserError
+
+SANITY_N = 128
+# Cross-row comparisons allow this many examples of slack (random starts differ between attacks).
+TOL_EXAMPLES = 2
+# Flags that signal a problem when True (all other boolean flags signal a problem when False).
+BAD_WHEN_TRUE = frozenset({"sanity_possible_gradient_masking"})
+
+_PERTURBATION_NORMS: dict[str, Callable[[Tensor], Tensor]] = {
+    "Linf": lambda d: d.flatten(1).abs().amax(1),
+    "L2": lambda d: d.flatten(1).norm(dim=1),
+}
+
+
+def _head(x: Tensor, n: int) -> Tensor:
+    return x[: max(1, n)]
+
+
+@torch.no_grad()
+def _forward(model: nn.Module, x: Tensor, batch_size: int = 256) -> Tensor:
+    return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+
+
+# ============ per-model checks ============
+
+
+@torch.no_grad()
+def check_logits_not_probs(model: nn.Module, x: Tensor, *, n: int = SANITY_N, atol: float = 1e-5) -> bool:
+    """False if every output row lies in [0,1] and sums to 1 (the model returns probabilities).
+
+    Attacks on softmax outputs get vanishing gradients and overstate robustness (AutoAttack's
+    ``check_range_output``).
+    """
+    out = model(_head(x, n)).float()
+    probs = bool(
+        (out.min() > -atol) and (out.max() < 1 + atol) and ((out.sum(-1) - 1).abs() < atol).all()
+    )
+    return not probs
+
+
+@torch.no_grad()
+def check_deterministic(
+    model: nn.Module, x: Tensor, *, n: int = SANITY_N, repeats: int = 5, tol: float = 1e-4
+) -> bool:
+    """False if ``repeats`` forwards of the same batch disagree (a randomized model).
+
+    Same criterion as AutoAttack's ``check_randomized``: predictions differ, or the L2-normalised
+    logits differ by more than ``tol``.
+    """
+    xs = _head(x, n)
+    outs = [model(xs).float() for _ in range(repeats)]
+    outs = [o / (o.norm(dim=-1, keepdim=True) + 1e-10) for o in outs]
+    same_pred = all(bool((o.argmax(1) == outs[0].argmax(1)).all()) for o in outs)
+    max_diff = max(float((o - outs[0]).norm(dim=-1).max()) for o in outs)
+    return same_pred and max_diff <= tol
+
+
+@torch.no_grad()
+def check_batch_independence(
+    model: nn.Module, x: Tensor, *, n: int = SANITY_N, k: int | None = None, tol: float = 1e-4
+) -> bool:
+    """False if ``model(x[:k])`` differs from ``model(x)[:k]``.
+
+    Catches BatchNorm left in train mode, which ``check_deterministic`` misses (train-mode BN is
+    deterministic for a fixed batch). The tolerance is relative to the logit scale because
+    convolution kernels may block differently for different batch sizes.
+    """
+    xs = _head(x, n)
+    if len(xs) < 2:
+        return True
+    k = k or max(1, len(xs) // 2)
+    full = model(xs).float()[:k]
+    part = model(xs[:k]).float()
+    return float((full - part).abs().max()) <= tol * (1.0 + float(full.abs().max()))
+
+
+def check_eval_mode(model: nn.Module) -> bool:
+    """True if every submodule is in eval mode (BatchNorm running statistics, dropout off)."""
+    return not any(m.training for m in model.modules())
+
+
+def check_zero_gradients(model: nn.Module, x: Tensor, y: Tensor, *, n: int = SANITY_N) -> float:
+    """Fraction of examples whose input gradient is exactly zero.
+
+    Uses the logit margin (largest other logit minus true logit) rather than cross-entropy, so a
+    confidently classified example does not count just because its softmax saturated: what is
+    measured is whether the network itself passes gradients (quantisation, non-differentiable
+    ops and saturated probability outputs do not).
+    """
+    xs = _head(x, n).detach().requires_grad_(True)
+    ys = _head(y, n)
+    with torch.enable_grad():
+        out = model(xs).float()
+        true = out.gather(1, ys[:, None]).squeeze(1)
+        other = out.scatter(1, ys[:, None], -math.inf).amax(1) if out.shape[1] > 1 else torch.zeros_like(true)
+        margin = (other - true).sum()
+        if not margin.requires_grad:
+            return 1.0
+        (g,) = torch.autograd.grad(margin, xs, allow_unused=True)
+    if g is None:
+        return 1.0
+    return float((g.flatten(1).abs().sum(1) == 0).float().mean())
+
+
+def _sign_noise(x: Tensor, eps: float, gen: torch.Generator | None) -> Tensor:
+    dev = gen.device if gen is not None else x.device
+    return eps * (torch.randint(0, 2, x.shape, generator=gen, device=dev).to(x.device, x.dtype) * 2 - 1)
+
+
+def _sphere_noise(x: Tensor, eps: float, gen: torch.Generator | None) -> Tensor:
+    dev = gen.device if gen is not None else x.device
+    d = torch.randn(x.shape, generator=gen, device=dev, dtype=x.dtype).to(x.device)
+    return eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
+
+
+# The noise counterpart of each threat model: a random corner of the Linf ball, a random point on the L2 sphere.
+_NOISE: dict[str, Callable[[Tensor, float, torch.Generator | None], Tensor]] = {
+    "Linf": _sign_noise,
+    "L2": _sphere_noise,
+}
+
+
+@torch.no_grad()
+def noise_accuracy(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    eps: float,
+    gen: torch.Generator | None,
+    *,
+    norm: str = "Linf",
+    batch_size: int = 256,
+) -> float:
+    """Accuracy under random noise of size ``eps`` (random signs for Linf, a random direction for L2).
+
+    An attack that does worse than this is failing (usually masked gradients).
+    """
+    if norm not in _NOISE:
+        raise UserError(f"unknown norm {norm!r}; valid norms: {', '.join(_NOISE)}")
+    if len(x) == 0:
+        return 0.0
+    correct = 0
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        xn = (xb + _NOISE[norm](xb, eps, gen)).clamp(0.0, 1.0)
+        correct += int((model(xn).argmax(1) == yb).sum())
+    return correct / len(x)
+
+
+def unbounded_accuracy(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    gen: torch.Generator | None,
+    *,
+    n: int = SANITY_N,
+    steps: int = 20,
+    step_size: float = 0.1,
+) -> float:
+    """Accuracy under Linf PGD at eps = 1 (any image is reachable); should be near 0.
+
+    Starts from the clean image (no random start): at eps = 1 a random start alone destroys the
+    image and would hide a model whose gradients are useless.
+    """
+    from .attacks import pgd  # lazy: attacks imports this module
+
+    xs, ys = _head(x, n), _head(y, n)
+    x_adv = pgd(model, xs, ys, eps=1.0, gen=gen, norm="Linf", steps=steps, step_size=step_size, random_start=False)
+    return float((_forward(model, x_adv).argmax(1) == ys).float().mean())
+
+
+def check_perturbation(x: Tensor, x_adv: Tensor, eps: float, norm: str, *, what: str = "attack") -> None:
+    """Raise ``SanityError`` unless ``x_adv`` has x's shape, is finite, in [0,1] and within the eps-ball.
+
+    Tolerance: ``eps + 1e-6`` (for L2 the slack scales with eps above 1, as float32 norms do).
+    """
+    if norm not in _PERTURBATION_NORMS:
+        raise UserError(f"unknown norm {norm!r}; valid norms: {', '.join(_PERTURBATION_NORMS)}")
+    if not isinstance(x_adv, Tensor) or x_adv.shape != x.shape:
+        got = tuple(x_adv.shape) if isinstance(x_adv, Tensor) else type(x_adv).__name__
+        raise SanityError(f"{what} returned {got}, expected a tensor of shape {tuple(x.shape)}")
+    if len(x) == 0:
+        return
+    xa = x_adv.detach().double()
+    if not bool(torch.isfinite(xa).all()):
+        raise SanityError(f"{what} returned non-finite values")
+    lo, hi = float(xa.min()), float(xa.max())
+    if lo < -1e-6 or hi > 1 + 1e-6:
+        raise SanityError(f"{what} left the [0,1] image box (min {lo:.3g}, max {hi:.3g})")
+    size = float(_PERTURBATION_NORMS[norm](xa - x.detach().double()).max())
+    tol = 1e-6 * (max(1.0, eps) if norm == "L2" else 1.0)
+    if size > eps + tol:
+        raise SanityError(f"{what} left the {norm} ball: perturbation {size:.6g} > eps {eps:.6g}")
+
+
+def chance_level(y: Tensor, num_classes: int) -> float:
+    """Accuracy of the best constant classifier: max(1/num_classes, majority-label frequency)."""
+    if len(y) == 0:
+        return 1.0 / max(1, num_classes)
+    return max(1.0 / max(1, num_classes), float(torch.bincount(y).max()) / len(y))
+
+
+def model_checks(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    gen: torch.Generator | None,
+    chance: float,
+    n: int = SANITY_N,
+) -> dict[str, Any]:
+    """The per-model flags (on at most ``n`` examples) that go into every row."""
+    unbounded = unbounded_accuracy(model, x, y, gen, n=n)
+    zero_frac = check_zero_gradients(model, x, y, n=n)
+    return {
+        "sanity_logits_not_probs": check_logits_not_probs(model, x, n=n),
+        "sanity_deterministic": check_deterministic(model, x, n=n),
+        "sanity_batch_independent": check_batch_independence(model, x, n=n),
+        "sanity_eval_mode": check_eval_mode(model),
+        "sanity_zero_grad_frac": zero_frac,
+        "sanity_nonzero_gradients": zero_frac == 0.0,
+        "sanity_unbounded_acc": unbounded,
+        "sanity_unbounded_reaches_zero": unbounded <= 0.05,
+        "sanity_possible_gradient_masking": unbounded > max(0.05, chance + 0.02),
+        "sanity_chance": chance,
+    }
+
+
+# ============ cross-row checks (after a sweep) ============
+
+
+def _spec_key(row: dict[str, Any]) -> tuple[str, str, str]:
+    return row["attack"], row["norm"], json.dumps(row.get("params", {}), sort_keys=True, default=str)
+
+
+def cross_row_checks(rows: list[dict[str, Any]], *, tol_examples: int = TOL_EXAMPLES) -> None:
+    """Add per-row flags in place and finalise ``sanity_ok``/``sanity_failed``/``sanity_warnings``.
+
+    Rows need ``attack``, ``attack_family``, ``norm``, ``eps``, ``params``, ``clean_acc``,
+    ``robust_acc``, ``n_robust``, ``n_examples`` and may carry ``sanity_noise_acc``. Raises
+    ``SanityError`` if any robust accuracy exceeds clean accuracy.
+
+    - ``sanity_monotone_in_eps``: robust accuracy non-increasing in eps within one attack spec
+      (single-step attacks only warn: FGSM may legitimately be non-monotone);
+    - ``sanity_le_single_step``: iterative attacks <= single-step ones at equal norm and eps
+      (``tol_examples`` slack; None where no single-step row exists);
+    - ``sanity_attack_beats_noise``: robust accuracy <= noise accuracy at the same eps (+ slack).
+    """
+    for r in rows:
+        if r["robust_acc"] > r["clean_acc"] + 1e-12:
+            raise SanityError(
+                f"{r['attack']} at {r['norm']} eps {r['eps']}: robust accuracy {r['robust_acc']:.4f} "
+                f"> clean accuracy {r['clean_acc']:.4f}"
+            )
+    warn_only: dict[int, set[str]] = defaultdict(set)
+    by_spec: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        by_spec[_spec_key(r)].append(i)
+    for idx in by_spec.values():
+        idx.sort(key=lambda i: rows[i]["eps"])
+        prev = None
+        for i in idx:
+            ok = prev is None or rows[i]["n_robust"] <= prev
+            rows[i]["sanity_monotone_in_eps"] = ok
+            if rows[i].get("attack_family") == "single_step":
+                warn_only[i].add("sanity_monotone_in_eps")
+            prev = rows[i]["n_robust"] if prev is None else min(prev, rows[i]["n_robust"])
+    single: dict[tuple[str, float], int] = {}
+    for r in rows:
+        if r.get("attack_family") == "single_step":
+            key = (r["norm"], r["eps"])
+            single[key] = max(single.get(key, -1), r["n_robust"])
+    for r in rows:
+        ref = single.get((r["norm"], r["eps"])) if r.get("attack_family") == "iterative" else None
+        r["sanity_le_single_step"] = None if ref is None else r["n_robust"] <= ref + tol_examples
+        noise = r.get("sanity_noise_acc")
+        n = max(1, r["n_examples"])
+        r["sanity_attack_beats_noise"] = None if noise is None else r["robust_acc"] <= noise + tol_examples / n
+    for i, r in enumerate(rows):
+        failed, warned = [], []
+        for k, v in r.items():
+            if not k.startswith("sanity_") or not isinstance(v, bool) or k == "sanity_ok":
+                continue
+            bad = v if k in BAD_WHEN_TRUE else not v
+            if bad:
+                (warned if k in warn_only[i] else failed).append(k.removeprefix("sanity_"))
+        r["sanity_ok"] = not failed
+        r["sanity_failed"] = ",".join(failed)
+        r["sanity_warnings"] = ",".join(warned)
+
+
+def flag_names(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """All ``sanity_*`` keys present in ``rows`` (for renderers)."""
+    return sorted({k for r in rows for k in r if k.startswith("sanity_")})

@@ -1,0 +1,293 @@
+"""One process trains one encoder with one loss preset; resumable bit-for-bit on CPU.
+
+Data lives as one uint8 tensor on the device; each step draws its views with batched tensor
+augmentation from a generator derived from (seed, epoch), so an epoch's randomness does not depend
+on what happened before it and a run resumed at an epoch boundary replays exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from . import augment, losses
+from .checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
+from .data import load_dataset, normalization
+from .encoders import ContrastiveModel, create_encoder
+from .errors import NonFiniteLoss, UserError
+from .features import extract_features, knn_accuracy
+from .io import atomic_open, sha256_file
+from .utils import device_name, resolve_device, seed_everything, versions
+
+STATE = "train_state.pt"
+LOG = "log.jsonl"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a training run (hashed into the resume check and the manifest)."""
+
+    loss: str = "simclr"  # a preset name (losses.PRESETS)
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set k=v on top of the preset
+    dataset: str = "digits"
+    encoder: str = "convnet_small"
+    encoder_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"width": 16}
+    epochs: int = 10
+    batch_size: int = 256
+    lr: float = 3e-4  # Adam 3e-4, no schedule, no weight decay (CLAE/NaCl recipe)
+    weight_decay: float = 0.0
+    seed: int = 0
+    fuse_views: bool = False  # one forward for all views (changes BatchNorm statistics)
+    knn_every: int = 5  # kNN monitor every N epochs (and always after the last)
+    knn_k: int = 200
+    knn_t: float = 0.1
+    precision: str = "fp32"  # "fp32" | "bf16" (autocast; the loss itself is always fp32)
+    channels_last: bool = False
+    data_root: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+def run_id(cfg: TrainConfig) -> str:
+    """Zoo id ``<encoder>.<preset>_<dataset>_s<seed>`` (dataset spec made filename-safe)."""
+    ds = cfg.dataset.replace(":", "-").replace("@", "+").replace(",", "_")
+    return f"{cfg.encoder}.{cfg.loss}_{ds}_s{cfg.seed}"
+
+
+def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    # A fresh stream per epoch: resuming needs no generator state from the killed process.
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + epoch * 7_919 + 17) % (2**63))
+    return g
+
+
+def build_model(
+    cfg: TrainConfig, params: losses.LossParams, *, channels: int, size: tuple[int, int], num_classes: int
+) -> ContrastiveModel:
+    """Encoder (with its normalisation) + head, as the loss's declared needs ask."""
+    need = losses.needs(params)
+    mean, std = normalization(cfg.dataset)
+    encoder = create_encoder(
+        cfg.encoder,
+        in_channels=channels,
+        mean=mean,
+        std=std,
+        dual_bn=need.adversarial and params.dual_bn,
+        input_shape=(channels, *size),
+        **cfg.encoder_kwargs,
+    )
+    # dual BN in the head exactly when the encoder has it (ContrastiveModel's default)
+    return ContrastiveModel(encoder, params.head, out_dim=num_classes if need.labels else None)
+
+
+def _validate(cfg: TrainConfig, n_train: int) -> None:
+    if cfg.epochs < 1:
+        raise UserError(f"--epochs {cfg.epochs}: must be >= 1")
+    if cfg.batch_size < 2:
+        raise UserError(f"--batch-size {cfg.batch_size}: a contrastive batch needs at least 2 images")
+    if cfg.batch_size > n_train:
+        raise UserError(
+            f"--batch-size {cfg.batch_size} exceeds the {n_train} training images of {cfg.dataset}"
+        )
+    if cfg.lr <= 0:
+        raise UserError(f"--lr {cfg.lr}: must be > 0")
+    if cfg.precision not in ("fp32", "bf16"):
+        raise UserError(f"--precision {cfg.precision!r}; valid choices: fp32, bf16")
+
+
+def train(
+    cfg: TrainConfig,
+    out: str | Path,
+    *,
+    device: str | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Train one encoder; writes ``weights.safetensors`` + ``manifest.json`` into ``out``.
+
+    Every epoch end atomically saves weights, optimizer and RNG states to ``train_state.pt``;
+    ``resume=True`` continues from it. Returns the output directory.
+    """
+    out = Path(out)
+    dev = resolve_device(device)
+    params = losses.resolve(cfg.loss, cfg.overrides)
+    need = losses.needs(params)
+    objective = losses.OBJECTIVES.get(params.objective)
+    view_maker = augment.VIEW_MAKERS.get(params.views)
+
+    # ============ checking the output directory ============
+    state_path, manifest_path = out / STATE, out / MANIFEST
+    if not resume and (state_path.exists() or manifest_path.exists()):
+        raise UserError(
+            f"{out} already holds a training run; pass --resume to continue it or choose another --out"
+        )
+    if manifest_path.exists():
+        raise UserError(f"{out} holds a finished run ({MANIFEST} exists); nothing to resume")
+
+    # ============ preparing data ============
+    train_set = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    test_set = load_dataset(cfg.dataset, "test", root=cfg.data_root)
+    _validate(cfg, len(train_set))
+    x_train = train_set.x.to(dev)
+    y_train = train_set.y.to(dev)
+    _, channels, h, w = train_set.x.shape
+
+    # ============ building the model ============
+    seed_everything(cfg.seed)
+    model = build_model(cfg, params, channels=channels, size=(h, w), num_classes=train_set.num_classes).to(
+        dev
+    )
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start_epoch, elapsed, log_rows = 0, 0.0, []
+    if resume and state_path.exists():
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        if state["config"] != json.loads(json.dumps(cfg.to_dict())):
+            raise UserError(f"{out} was started with a different configuration; resume with the same flags")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        start_epoch, elapsed = state["epoch"], state["elapsed"]
+        log_rows = state["log"]
+    out.mkdir(parents=True, exist_ok=True)
+    view_kwargs = params.to_dict()
+    steps = len(train_set) // cfg.batch_size  # drop the last incomplete batch: N = 2B - 2 stays fixed
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+    knn_acc = log_rows[-1].get("test_knn_acc") if log_rows else None
+
+    # ============ training ============
+    epochs = tqdm(
+        range(start_epoch, cfg.epochs),
+        desc=f"train {run_id(cfg)}",
+        disable=not progress,
+        initial=start_epoch,
+        total=cfg.epochs,
+    )
+    for epoch in epochs:
+        t0 = time.perf_counter()
+        gen = _epoch_generator(cfg.seed, epoch, dev)
+        perm = torch.randperm(len(train_set), generator=gen, device=dev)
+        model.train()
+        total, stats_sum = 0.0, {}
+        for step in tqdm(range(steps), desc=f"epoch {epoch + 1}", leave=False, disable=not progress):
+            idx = perm[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+            views = view_maker(x_train[idx], need.n_views, gen, **view_kwargs)
+            if cfg.channels_last:
+                views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+            with autocast:
+                loss, stats = objective.loss(model, views, y_train[idx], params, gen, cfg.fuse_views)
+            if not math.isfinite(loss.item()):
+                raise NonFiniteLoss(
+                    f"non-finite loss ({loss.item()}) at epoch {epoch + 1} step {step + 1}; "
+                    "lower --lr or raise the temperature (--set t=...)"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + v
+        elapsed += time.perf_counter() - t0
+        row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": total / steps, "wall_s": round(elapsed, 3)}
+        row.update({f"train_{k}": v / steps for k, v in stats_sum.items()})
+        if (epoch + 1) % cfg.knn_every == 0 or epoch + 1 == cfg.epochs:
+            knn_acc = _knn(model, train_set, test_set, cfg)
+            row["test_knn_acc"] = knn_acc
+        log_rows.append(row)
+        epochs.set_postfix(
+            loss=f"{row['train_loss']:.4f}", knn=f"{knn_acc:.3f}" if knn_acc is not None else "-"
+        )
+        _save_state(state_path, model, optimizer, cfg, epoch + 1, elapsed, log_rows)
+        with atomic_open(out / LOG, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in log_rows))
+
+    # ============ writing the checkpoint ============
+    weights_sha = save_weights(out / WEIGHTS, model)
+    manifest = {
+        "id": run_id(cfg),
+        "encoder": cfg.encoder,
+        "encoder_kwargs": cfg.encoder_kwargs,
+        "in_channels": channels,
+        "input_size": [h, w],
+        "num_classes": train_set.num_classes,
+        "dual_bn": need.adversarial and params.dual_bn,
+        "head": params.head,
+        "loss": cfg.loss,
+        "loss_params": params.to_dict(),
+        "needs": dataclasses.asdict(need),
+        "dataset": cfg.dataset,
+        "recipe": {
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "optimizer": "adam",
+            "lr": cfg.lr,
+            "weight_decay": cfg.weight_decay,
+            "augmentation": params.views,
+            "fuse_views": cfg.fuse_views,
+            "precision": cfg.precision,
+            "channels_last": cfg.channels_last,
+            "drop_last": True,
+        },
+        "seed": cfg.seed,
+        "epochs": cfg.epochs,
+        "normalization": dict(zip(("mean", "std"), normalization(cfg.dataset), strict=True)),
+        "weights": WEIGHTS,
+        "weights_sha256": weights_sha,
+        "versions": versions(),
+        "device": device_name(dev),
+        "wall_s": round(elapsed, 3),
+        "knn_acc": knn_acc,
+        "knn": {"k": cfg.knn_k, "t": cfg.knn_t, "split": "test"},
+        "config": cfg.to_dict(),
+    }
+    write_manifest(out, manifest)
+    state_path.unlink(missing_ok=True)
+    return out
+
+
+def _knn(model: ContrastiveModel, train_set: Any, test_set: Any, cfg: TrainConfig) -> float:
+    bank = extract_features(model.encoder, train_set.x)
+    query = extract_features(model.encoder, test_set.x)
+    return knn_accuracy(
+        bank, train_set.y, query, test_set.y, num_classes=train_set.num_classes, k=cfg.knn_k, t=cfg.knn_t
+    )
+
+
+def _save_state(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    epoch: int,
+    elapsed: float,
+    log: list,
+) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "config": json.loads(json.dumps(cfg.to_dict())),
+        "epoch": epoch,
+        "elapsed": elapsed,
+        "log": log,
+    }
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
+
+
+def verify_weights(directory: str | Path) -> bool:
+    """True when ``weights.safetensors`` still has the sha256 its manifest records."""
+    directory = Path(directory)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    return sha256_file(directory / manifest["weights"]) == manifest["weights_sha256"]

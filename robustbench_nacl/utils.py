@@ -1,0 +1,58 @@
+"""Seeding, device resolution and version/provenance helpers (kept tiny on purpose)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``None``/"auto" -> cuda if available else cpu; "cuda" without a GPU is a user error."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise UserError(f"invalid --device {device!r}; use cpu, cuda or cuda:N") from e
+
+
+def device_name(device: torch.device | str) -> str:
+    """A human-readable device description for provenance."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cap = torch.backends.cpu.get_cpu_capability()
+    return f"cpu ({platform.machine()}, {cap}, {torch.get_num_threads()} threads)"
+
+
+def versions() -> dict[str, Any]:
+    """Package versions recorded in manifests and result rows."""
+    from . import __version__
+
+    return {
+        "robustbench_nacl": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def refuse_unsafe_torch_env() -> None:
+    """Refuse to run when an env override would silently re-enable full unpickling in torch.load."""
+    if os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "").strip() not in ("", "0"):
+        raise UserError("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set, which lets checkpoints run code; unset it")

@@ -1,0 +1,76 @@
+"""Tiny models shared by the attack, sanity and benchmark tests (``tests/conftest.py`` belongs to others).
+
+``digits_model()`` trains a small conv net on scikit-learn's bundled 8x8 digits once per process
+(cached), so every test file that asks for it shares the same few seconds of training.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+
+class Normalize(nn.Module):
+    """Input normalisation as a buffer inside the model: attacks see [0,1] pixels only."""
+
+    def __init__(self, mean: float, std: float) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean))
+        self.register_buffer("std", torch.tensor(std))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x - self.mean) / self.std
+
+
+def small_cnn(num_classes: int = 10, bn: bool = False) -> nn.Sequential:
+    """A 2-conv net for (N, 1, 8, 8) inputs; ``bn`` adds a BatchNorm layer."""
+    return nn.Sequential(
+        Normalize(0.3, 0.4),
+        nn.Conv2d(1, 16, 3, padding=1),
+        *([nn.BatchNorm2d(16)] if bn else []),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, num_classes),
+    )
+
+
+@functools.cache
+def digits_data() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(x_train, y_train, x_test, y_test): digits scaled to [0,1], shape (N, 1, 8, 8), fixed split."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[perm], y[perm]
+    return x[:1297], y[:1297], x[1297:], y[1297:]
+
+
+@functools.cache
+def digits_model(bn: bool = False) -> nn.Module:
+    """A conv net trained to > 90 % test accuracy on digits, frozen and in eval mode."""
+    xtr, ytr, _, _ = digits_data()
+    torch.manual_seed(0)
+    model = small_cnn(bn=bn)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(15):
+        perm = torch.randperm(len(xtr), generator=g)
+        for i in range(0, len(xtr), 64):
+            idx = perm[i : i + 64]
+            loss = nn.functional.cross_entropy(model(xtr[idx]), ytr[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model.eval().requires_grad_(False)
+
+
+def accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
