@@ -225,6 +225,113 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+# ============ eval ============
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate, transfer_default
+    from .probe import ProbeConfig
+
+    transfer = args.transfer
+    if transfer == "auto":
+        from .foreign import load_encoder
+
+        _, info = load_encoder(args.checkpoint, arch=args.arch, fmt=args.format, normalize=args.normalize)
+        transfer = transfer_default(args.dataset or info.get("dataset") or "")
+        if transfer is None:
+            raise UserError(
+                "--transfer auto needs a class-subset dataset (e.g. digits:0-4); name the target instead"
+            )
+    rows = evaluate(
+        args.checkpoint,
+        dataset=args.dataset,
+        transfer=transfer,
+        shift=args.shift,
+        suite=args.suite,
+        out=args.out,
+        n_examples=args.n_examples,
+        seed=args.seed,
+        device=args.device,
+        probe=ProbeConfig(epochs=args.probe_epochs, seed=args.seed),
+        arch=args.arch,
+        fmt=args.format,
+        normalize=args.normalize,
+        control=args.control,
+        force=args.force,
+        batch_size=args.batch_size,
+        data_root=args.data_root,
+        progress=not args.no_progress,
+    )
+    _print_rows(rows)
+    print(f"{len(rows)} result rows under {args.out}/rows")
+    return 0
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    from tabulate import tabulate
+
+    table = [
+        [
+            r["setting"],
+            r["dataset"],
+            r["attack"],
+            r["norm"],
+            r["eps_label"],
+            f"{r['clean_acc']:.2%}",
+            f"{r['robust_acc']:.2%}",
+            "ok" if r.get("sanity_ok") else "FLAGGED",
+        ]
+        for r in rows
+    ]
+    print(
+        tabulate(table, headers=["setting", "dataset", "attack", "norm", "eps", "clean", "robust", "sanity"])
+    )
+
+
+@command("eval", "probe and attack an encoder checkpoint; writes content-addressed result rows")
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "checkpoint", help="a directory written by `train`, its manifest.json, or a foreign weights file"
+    )
+    p.add_argument(
+        "--dataset", default=None, help="in-domain dataset (default: the checkpoint's pretraining dataset)"
+    )
+    p.add_argument(
+        "--transfer", default=None, help="transfer target dataset, or 'auto' for the complementary classes"
+    )
+    p.add_argument(
+        "--shift",
+        default=None,
+        help="'all' or a comma list of: grayscale, crop, flip, jitter, grayscale+jitter",
+    )
+    p.add_argument(
+        "--suite", default="paper", help="attack suite name (attacks/*.toml) or a path to a TOML file"
+    )
+    p.add_argument("--out", default="leaderboard", help="output directory (rows land in OUT/rows)")
+    p.add_argument(
+        "--n-examples", type=int, default=None, help="evaluate the first N test examples (default: all)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--probe-epochs", type=int, default=1000, help="linear-probe epochs on cached features")
+    p.add_argument("--batch-size", type=int, default=None, help="attack batch size")
+    p.add_argument("--arch", default=None, help="architecture of a foreign checkpoint, e.g. resnet18_cifar")
+    p.add_argument(
+        "--format", default="auto", help="foreign layout: auto | torchvision | solo-learn | hcl | ours"
+    )
+    p.add_argument(
+        "--normalize",
+        default=None,
+        help="input normalisation of a foreign checkpoint: cifar10 | half | imagenet | none",
+    )
+    p.add_argument(
+        "--control", action="store_true", help="evaluate a random-init encoder of the same architecture"
+    )
+    p.add_argument("--force", action="store_true", help="recompute rows that already exist")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--no-progress", action="store_true")
+
+
 # ============ entry point ============
 
 

@@ -8,6 +8,7 @@ only for training the probe and for clean metrics: attacks always run end to end
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 
 from .data import ImageData
 from .features import extract_features, knn_accuracy
+from .utils import cpu_threads
 
 
 class ProbedClassifier(nn.Module):
@@ -100,33 +102,67 @@ def fit_linear_probe(
         bound = 1.0 / f_train.shape[1] ** 0.5
         head.weight.copy_(torch.empty_like(head.weight, device="cpu").uniform_(-bound, bound, generator=gen))
         head.bias.copy_(torch.empty_like(head.bias, device="cpu").uniform_(-bound, bound, generator=gen))
-    opt = torch.optim.Adam(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    loss_fn = nn.CrossEntropyLoss()
-    n = len(f_train)
-    bs = min(cfg.batch_size, n)
-    best_acc, best_epoch = -1.0, 0
-    for epoch in range(cfg.epochs):
-        perm = torch.randperm(n, generator=gen).to(device)
-        for i in range(0, n, bs):
-            idx = perm[i : i + bs]
-            loss = loss_fn(head(f_train[idx]), y_train[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        acc = _accuracy(head, f_test, y_test)
-        if acc > best_acc:
-            best_acc, best_epoch = acc, epoch + 1
+    # One thread: this loop is many tiny ops, which contended threads only slow down.
+    with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
+        best_acc, best_epoch = _train_head(head, f_train, y_train, f_test, y_test, cfg, gen)
     result = ProbeResult(
         test_acc=_accuracy(head, f_test, y_test),
         best_test_acc=best_acc,
         best_epoch=best_epoch,
         train_acc=_accuracy(head, f_train, y_train),
         knn_acc=knn_accuracy(f_train.cpu(), train.y, f_test.cpu(), test.y, num_classes=train.num_classes),
-        n_train=n,
+        n_train=len(f_train),
         n_test=len(f_test),
         config=asdict(cfg),
     )
     return ProbedClassifier(encoder, head), result
+
+
+def _train_head(
+    head: nn.Linear,
+    f_train: Tensor,
+    y_train: Tensor,
+    f_test: Tensor,
+    y_test: Tensor,
+    cfg: ProbeConfig,
+    gen: torch.Generator,
+) -> tuple[float, int]:
+    """Minibatch Adam on softmax cross-entropy over the cached features, written out by hand.
+
+    The gradient of a linear layer under cross-entropy is ``(softmax - onehot)^T [f, 1] / B``; with
+    the bias folded in as a column of ones, one step is ~12 tensor ops instead of autograd's ~40,
+    which is what the 1000-epoch schedule costs on CPU (tested equal to torch.optim.Adam).
+    Returns the best test accuracy over epochs and its epoch (selected on test: logged only).
+    """
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    ones = torch.ones(len(f_train), 1, dtype=f_train.dtype, device=f_train.device)
+    fa = torch.cat([f_train, ones], dim=1)  # (N, d+1): bias as the last weight column
+    wb = torch.cat([head.weight.detach(), head.bias.detach()[:, None]], dim=1).clone()  # (C, d+1)
+    m, v = torch.zeros_like(wb), torch.zeros_like(wb)
+    n, bs, step = len(fa), min(cfg.batch_size, len(fa)), 0
+    best_acc, best_epoch = -1.0, 0
+    for epoch in range(cfg.epochs):
+        perm = torch.randperm(n, generator=gen).to(fa.device)
+        for i in range(0, n, bs):
+            idx = perm[i : i + bs]
+            xb = fa[idx]
+            p = torch.softmax(xb @ wb.T, dim=1)
+            p[torch.arange(len(idx), device=p.device), y_train[idx]] -= 1.0
+            grad = p.T @ xb / len(idx)
+            if cfg.weight_decay:
+                grad.add_(wb, alpha=cfg.weight_decay)  # torch Adam's (L2) weight decay, bias included
+            step += 1
+            m.mul_(b1).add_(grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denom = (v / (1 - b2**step)).sqrt_().add_(eps)
+            wb.addcdiv_(m, denom, value=-cfg.lr / (1 - b1**step))
+        acc = float(((f_test @ wb[:, :-1].T + wb[:, -1]).argmax(dim=1) == y_test).float().mean())
+        if acc > best_acc:
+            best_acc, best_epoch = acc, epoch + 1
+    with torch.no_grad():
+        head.weight.copy_(wb[:, :-1])
+        head.bias.copy_(wb[:, -1])
+    return best_acc, best_epoch
 
 
 def fit_knn_probe(

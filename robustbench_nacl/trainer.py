@@ -52,6 +52,8 @@ class TrainConfig:
     precision: str = "fp32"  # "fp32" | "bf16" (autocast; the loss itself is always fp32)
     channels_last: bool = False
     data_root: str | None = None
+    max_train: int | None = None  # use only the first N training images (documented demo budgets)
+    id: str | None = None  # checkpoint id; default <encoder>.<preset>_<dataset>_s<seed>
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -60,6 +62,8 @@ class TrainConfig:
 
 def run_id(cfg: TrainConfig) -> str:
     """Zoo id ``<encoder>.<preset>_<dataset>_s<seed>`` (dataset spec made filename-safe)."""
+    if cfg.id:
+        return cfg.id
     ds = cfg.dataset.replace(":", "-").replace("@", "+").replace(",", "_")
     return f"{cfg.encoder}.{cfg.loss}_{ds}_s{cfg.seed}"
 
@@ -136,6 +140,12 @@ def train(
 
     # ============ preparing data ============
     train_set = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    if cfg.max_train is not None:
+        if cfg.max_train < 2:
+            raise UserError(f"--max-train {cfg.max_train}: must be >= 2")
+        train_set = dataclasses.replace(
+            train_set, x=train_set.x[: cfg.max_train], y=train_set.y[: cfg.max_train]
+        )
     test_set = load_dataset(cfg.dataset, "test", root=cfg.data_root)
     _validate(cfg, len(train_set))
     x_train = train_set.x.to(dev)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -50,6 +52,21 @@ def versions() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Temporarily run torch CPU ops on ``n`` threads.
+
+    Loops of tiny ops (the linear probe's Adam steps) run several times faster on one thread than
+    on two contended ones: measured 0.6 ms vs 4.8 ms per step on a loaded 2-core machine.
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def refuse_unsafe_torch_env() -> None:

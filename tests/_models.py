@@ -6,10 +6,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run with one intra-op thread: for 8x8 inputs it is as fast as two, and far faster on a busy
+    machine, where OpenMP threads spin-wait for each other."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 class Normalize(nn.Module):
@@ -58,9 +72,9 @@ def digits_model(bn: bool = False) -> nn.Module:
     xtr, ytr, _, _ = digits_data()
     torch.manual_seed(0)
     model = small_cnn(bn=bn)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     g = torch.Generator().manual_seed(1)
-    for _ in range(15):
+    for _ in range(6):
         perm = torch.randperm(len(xtr), generator=g)
         for i in range(0, len(xtr), 64):
             idx = perm[i : i + 64]

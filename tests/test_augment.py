@@ -131,7 +131,7 @@ def test_colour_ops_match_torchvision(c: int, s: int) -> None:
 @pytest.mark.parametrize("c", CHANNELS)
 @pytest.mark.parametrize("s", SIZES)
 def test_color_jitter_in_per_sample_order_matches_torchvision(c: int, s: int) -> None:
-    b = 24
+    b = 16
     x = _images(b, c, s)
     g = _gen(4)
     bri, con, sat, hue, order = A.sample_jitter(b, (0.8, 0.8, 0.8, 0.2), g)
@@ -150,7 +150,7 @@ def test_color_jitter_in_per_sample_order_matches_torchvision(c: int, s: int) ->
 @pytest.mark.parametrize("c", CHANNELS)
 @pytest.mark.parametrize("s", SIZES)
 def test_apply_matches_torchvision_composition(c: int, s: int) -> None:
-    b = 24
+    b = 16
     x = _images(b, c, s)
     for cfg in (A.SimCLRAug(), A.SimCLRAug(p_jitter=1.0, p_gray=0.5)):
         p = A.sample_params(cfg, b, s, s, _gen(5))

@@ -1,0 +1,301 @@
+"""The model zoo: one JSON manifest per entry under the top-level ``zoo/`` folder (data, not code).
+
+An entry names an encoder, a loss preset with its overrides, a dataset, a recipe and a seed; once
+trained, its checkpoint directory holds ``weights.safetensors`` whose sha256 ``zoo verify``
+re-checks. Two zoos ship: ``paper`` (CIFAR-100, resnet18_cifar, the NaCl recipe, every preset and
+the ablation grids, 5 seeds; for GPUs) and ``demo`` (digits, a small convnet, one entry per family).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .io import sha256_file, write_json_atomic
+
+ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
+REPO_ZOO = Path(__file__).resolve().parents[1] / "zoo"
+RECIPE_KEYS = {"epochs": int, "batch_size": int, "lr": float, "weight_decay": float}
+EVAL_KEYS = {
+    "transfer": (str, type(None)),
+    "shift": (str, type(None)),
+    "suite": str,
+    "n_examples": (int, type(None)),
+}
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One zoo manifest (schema: zoo/README.md)."""
+
+    id: str
+    zoo: str
+    encoder: str
+    loss: str
+    dataset: str
+    seed: int
+    recipe: dict[str, Any]
+    encoder_kwargs: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    weights_sha256: str | None = None  # pinned once trained and published
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the manifest file's content)."""
+        return asdict(self)
+
+    def train_config(self, data_root: str | None = None, **extra: Any) -> Any:
+        """The TrainConfig this entry describes."""
+        from .trainer import TrainConfig
+
+        return TrainConfig(
+            loss=self.loss,
+            overrides=dict(self.overrides),
+            dataset=self.dataset,
+            encoder=self.encoder,
+            encoder_kwargs=dict(self.encoder_kwargs),
+            seed=self.seed,
+            data_root=data_root,
+            id=self.id,
+            **{k: self.recipe[k] for k in RECIPE_KEYS if k in self.recipe},
+            **extra,
+        )
+
+
+def zoo_root(root: str | Path | None = None) -> Path:
+    """The zoo folder: argument > $ROBUSTBENCH_NACL_ZOO > the repository's zoo/."""
+    return Path(root or os.environ.get(ZOO_ENV) or REPO_ZOO)
+
+
+def expected_id(encoder: str, loss: str, dataset: str, seed: int, tag: str = "") -> str:
+    """``<encoder>.<preset>[-tag]_<dataset>_s<seed>`` (dataset made filename-safe, as the trainer does)."""
+    ds = dataset.replace(":", "-").replace("@", "+").replace(",", "_")
+    return f"{encoder}.{loss}{'-' + tag if tag else ''}_{ds}_s{seed}"
+
+
+def parse_entry(data: Any, source: str) -> ZooEntry:
+    """Validate one manifest; every problem is a one-line UserError naming the file and the field."""
+    from .data import parse_spec
+    from .encoders import ENCODERS
+    from .losses import resolve
+
+    def bad(msg: str) -> UserError:
+        return UserError(f"zoo manifest {source}: {msg}")
+
+    if not isinstance(data, dict):
+        raise bad("must be a JSON object")
+    required = {
+        "id": str,
+        "zoo": str,
+        "encoder": str,
+        "loss": str,
+        "dataset": str,
+        "seed": int,
+        "recipe": dict,
+    }
+    for k, t in required.items():
+        if k not in data:
+            raise bad(f"missing field {k!r}")
+        if not isinstance(data[k], t) or isinstance(data[k], bool):
+            raise bad(f"field {k!r} must be a {t.__name__}")
+    optional = {
+        "encoder_kwargs": dict,
+        "overrides": dict,
+        "eval": dict,
+        "description": str,
+        "weights_sha256": (str, type(None)),
+    }
+    for k, v in data.items():
+        if k not in required and k not in optional:
+            raise bad(f"unknown field {k!r}; valid fields: {', '.join([*required, *optional])}")
+        if k in optional and not isinstance(v, optional[k]):
+            raise bad(f"field {k!r} has the wrong type")
+    for k, v in data["recipe"].items():
+        if k in RECIPE_KEYS and (not isinstance(v, int | float) or isinstance(v, bool)):
+            raise bad(f"recipe.{k} must be a number")
+    for k, v in data.get("eval", {}).items():
+        if k not in EVAL_KEYS:
+            raise bad(f"unknown eval field {k!r}; valid: {', '.join(EVAL_KEYS)}")
+        if not isinstance(v, EVAL_KEYS[k]):
+            raise bad(f"eval.{k} has the wrong type")
+    if data["recipe"].get("epochs", 1) < 1 or data["recipe"].get("batch_size", 2) < 2:
+        raise bad("recipe.epochs must be >= 1 and recipe.batch_size >= 2")
+    sha = data.get("weights_sha256")
+    if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+        raise bad("weights_sha256 must be 64 lowercase hex digits")
+    try:
+        ENCODERS.get(data["encoder"])
+        resolve(data["loss"], dict(data.get("overrides", {})))
+        parse_spec(data["dataset"])
+    except UserError as e:
+        raise bad(str(e)) from None
+    return ZooEntry(**data)
+
+
+def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[ZooEntry]:
+    """Every entry of one zoo (a subfolder of the zoo root), or of all zoos; ids must be unique."""
+    base = zoo_root(root)
+    if name is not None:
+        base = base / name
+        if not base.is_dir():
+            raise UserError(f"unknown zoo {name!r}; valid choices: {', '.join(zoo_names(root))}")
+    entries: dict[str, ZooEntry] = {}
+    for path in sorted(base.rglob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"zoo manifest {path}: not valid JSON ({e})") from None
+        entry = parse_entry(data, str(path))
+        if entry.id in entries:
+            raise UserError(f"zoo manifest {path}: duplicate id {entry.id!r}")
+        entries[entry.id] = entry
+    return list(entries.values())
+
+
+def zoo_names(root: str | Path | None = None) -> list[str]:
+    """Names of the zoos (subfolders holding manifests)."""
+    base = zoo_root(root)
+    return (
+        sorted(p.name for p in base.iterdir() if p.is_dir() and any(p.glob("*.json")))
+        if base.is_dir()
+        else []
+    )
+
+
+def find_entry(entry_id: str, root: str | Path | None = None) -> ZooEntry:
+    """One entry by id (a one-line error with close matches otherwise)."""
+    entries = {e.id: e for e in load_zoo(None, root)}
+    if entry_id not in entries:
+        import difflib
+
+        close = difflib.get_close_matches(entry_id, entries, n=3)
+        raise UserError(
+            f"no zoo entry {entry_id!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
+        )
+    return entries[entry_id]
+
+
+def checkpoint_dir(entry: ZooEntry, out: str | Path) -> Path:
+    """Where an entry's trained checkpoint lives under a checkpoints directory."""
+    return Path(out) / entry.id
+
+
+def is_trained(entry: ZooEntry, out: str | Path) -> bool:
+    """True when the entry's checkpoint manifest exists (the trainer writes it last)."""
+    return (checkpoint_dir(entry, out) / "manifest.json").is_file()
+
+
+def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
+    """Recompute the weights' sha256: ("ok" | "untrained" | "changed" | "unpinned-mismatch", detail)."""
+    d = checkpoint_dir(entry, out)
+    if not is_trained(entry, out):
+        return "untrained", str(d)
+    manifest = json.loads((d / "manifest.json").read_text())
+    weights = d / manifest.get("weights", "weights.safetensors")
+    if not weights.is_file():
+        return "changed", f"{weights} is missing"
+    actual = sha256_file(weights)
+    if actual != manifest["weights_sha256"]:
+        return (
+            "changed",
+            f"{weights}: sha256 {actual[:12]}... != manifest {manifest['weights_sha256'][:12]}...",
+        )
+    if entry.weights_sha256 and actual != entry.weights_sha256:
+        return (
+            "unpinned-mismatch",
+            f"{weights}: sha256 {actual[:12]}... != zoo pin {entry.weights_sha256[:12]}...",
+        )
+    return "ok", actual
+
+
+def write_entry(entry: ZooEntry, root: str | Path | None = None) -> Path:
+    """Write (or rewrite) an entry's manifest file atomically."""
+    path = zoo_root(root) / entry.zoo / f"{entry.id}.json"
+    write_json_atomic(path, entry.to_dict())
+    return path
+
+
+# ============ the two shipped zoos, generated from the presets ============
+
+PAPER_RECIPE = {"epochs": 100, "batch_size": 256, "optimizer": "adam", "lr": 3e-4, "weight_decay": 0.0}
+PAPER_EVAL = {"transfer": "cifar10", "shift": None, "suite": "paper", "n_examples": None}
+DEMO_RECIPE = {"epochs": 15, "batch_size": 128, "optimizer": "adam", "lr": 3e-3, "weight_decay": 0.0}
+DEMO_EVAL = {"transfer": "digits:5-9", "shift": "all", "suite": "paper", "n_examples": None}
+DEMO_M = 3  # demo: 3 positives instead of 5, so that every family fits the 5-minute CPU budget
+
+
+def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
+    """CIFAR-100, resnet18_cifar, NaCl recipe: every preset at paper settings plus the grids of Tables 2-5."""
+    from .losses import PRESETS
+
+    variants: list[tuple[str, dict[str, Any], str]] = [(n, {}, "") for n in PRESETS.names()]
+    for g in ("g0", "g2"):
+        for m in (2, 3, 4, 5):
+            variants.append(
+                (
+                    "nca",
+                    {"G1": g, "M": m, **({"tau_plus": 0.0, "beta": 0.0} if g == "g0" else {})},
+                    f"{g}-M{m}",
+                )
+            )
+            for lam in (0.5, 0.6, 0.7, 0.8, 0.9):
+                extra = {"tau_plus": 0.0, "beta": 0.0} if g == "g0" else {}
+                variants.append(("mixnca", {"G1": g, "M": m, "lam": lam, **extra}, f"{g}-M{m}-lam{lam}"))
+    for m in (2, 5):  # Table 3 (IntNaCl on IntCl) and Table 4's w = 1 variant
+        for lam in (0.5, 0.7, 0.9):
+            variants.append(("intnacl", {"M": m, "lam": lam}, f"M{m}-lam{lam}"))
+        variants.append(("intnacl", {"M": m, "w": "1"}, f"M{m}-w1"))
+    for m in (2, 3, 4):  # ICLR VAR grid
+        variants.append(("var", {"M": m}, f"M{m}"))
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for loss, overrides, tag in variants:
+        if (loss, json.dumps(overrides, sort_keys=True)) in seen:
+            continue
+        seen.add((loss, json.dumps(overrides, sort_keys=True)))
+        for s in seeds:
+            out.append(
+                ZooEntry(
+                    id=expected_id("resnet18_cifar", loss, "cifar100", s, tag),
+                    zoo="paper",
+                    encoder="resnet18_cifar",
+                    loss=loss,
+                    dataset="cifar100",
+                    seed=s,
+                    recipe=dict(PAPER_RECIPE),
+                    overrides=overrides,
+                    eval=dict(PAPER_EVAL),
+                    description=PRESETS.get(loss).description + (f" [{tag}]" if tag else ""),
+                )
+            )
+    return out
+
+
+def demo_zoo() -> list[ZooEntry]:
+    """digits classes 0-4, convnet_small (width 16): one entry per loss family, seed 0."""
+    from .losses import PRESETS
+
+    out = []
+    for name in PRESETS.names():
+        overrides = {"M": DEMO_M} if PRESETS.get(name).params.M > DEMO_M else {}
+        out.append(
+            ZooEntry(
+                id=expected_id("convnet_small", name, "digits:0-4", 0),
+                zoo="demo",
+                encoder="convnet_small",
+                loss=name,
+                dataset="digits:0-4",
+                seed=0,
+                recipe=dict(DEMO_RECIPE),
+                encoder_kwargs={"width": 16},
+                overrides=overrides,
+                eval=dict(DEMO_EVAL),
+                description=PRESETS.get(name).description,
+            )
+        )
+    return out

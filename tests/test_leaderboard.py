@@ -1,0 +1,246 @@
+"""Leaderboard rendering from the hand-written fixture rows in tests/data/leaderboard/rows/.
+
+The fixture: digits:0-4 encoders (convnet_small), 200 test examples, suite `paper`:
+simclr (train seeds 0 and 1), nca G1=g2 with M=2 and M=5 (an M grid), intnacl (its PGD row fails
+a sanity check) and a random-init control; in-domain FGSM sweep + PGD + worst case, transfer to
+digits:5-9 (FGSM, PGD), shift (grayscale, flip) for simclr, intnacl and the control.
+
+LEADERBOARD.md and results.csv are compared byte for byte with tests/data/leaderboard/golden/.
+After an intentional change to the rendering, regenerate them with
+
+    ROBUSTBENCH_NACL_UPDATE_GOLDEN=1 python -m pytest tests/test_leaderboard.py
+
+then read the diff (`git diff tests/data/leaderboard/golden`) before committing it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from robustbench_nacl.errors import UserError
+from robustbench_nacl.leaderboard import aggregate, main_leaderboard, rank_entries, render_leaderboard
+from robustbench_nacl.results import load_rows
+
+DATA = Path(__file__).parent / "data" / "leaderboard"
+ROWS = DATA / "rows"
+GOLDEN = DATA / "golden"
+COMMAND = "robustbench-nacl leaderboard --rows tests/data/leaderboard/rows --out leaderboard"
+UPDATE = os.environ.get("ROBUSTBENCH_NACL_UPDATE_GOLDEN") == "1"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# (width, height) in pixels: figsize x dpi in leaderboard.FIGSIZE, one in-domain dataset
+PNG_SIZES = {
+    "standard_vs_robust.png": (1200, 450),
+    "robust_vs_eps.png": (900, 450),
+    "ablation_M.png": (1100, 400),
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return main_leaderboard(ROWS, tmp_path_factory.mktemp("leaderboard"), command=COMMAND)
+
+
+@pytest.fixture(scope="module")
+def results(rendered: dict[str, Path]) -> list[dict[str, str]]:
+    with open(rendered["results.csv"], newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _find(results: list[dict[str, str]], setting: str, loss: str, key: str | None = None) -> dict[str, str]:
+    (rec,) = [
+        r for r in results if (r["setting"], r["loss"]) == (setting, loss) and key in (None, r["key_params"])
+    ]
+    return rec
+
+
+def _rows() -> list[dict[str, Any]]:
+    return load_rows(ROWS)
+
+
+# ============ golden files ============
+
+
+@pytest.mark.parametrize("name", ["LEADERBOARD.md", "results.csv"])
+def test_matches_golden(rendered: dict[str, Path], name: str) -> None:
+    got = rendered[name].read_bytes()
+    if UPDATE:
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        (GOLDEN / name).write_bytes(got)
+    want = (GOLDEN / name).read_bytes()
+    assert got == want, f"{name} differs from the golden file; see this module's docstring to regenerate"
+
+
+def test_output_does_not_depend_on_row_order(rendered: dict[str, Path], tmp_path: Path) -> None:
+    written = render_leaderboard(list(reversed(_rows())), tmp_path, command=COMMAND)
+    for name in ("LEADERBOARD.md", "results.csv", "rows.csv", "leaderboard.json", "index.html"):
+        assert written[name].read_bytes() == rendered[name].read_bytes(), name
+
+
+# ============ numbers ============
+
+
+def test_mean_and_std_over_seeds_by_hand(results: list[dict[str, str]], rendered: dict[str, Path]) -> None:
+    # simclr seeds: clean 0.93 / 0.95, FGSM@0.002 0.41 / 0.45 -> sample std sqrt(2 * 0.01**2 / 1)
+    rec = _find(results, "in-domain", "simclr")
+    assert rec["n_seeds"] == "2" and rec["clean_n"] == "2"
+    assert float(rec["clean_mean"]) == pytest.approx(0.94)
+    assert float(rec["clean_std"]) == pytest.approx(math.sqrt(2 * 0.01**2), abs=1e-6)
+    assert float(rec["fgsm_Linf_0.002_mean"]) == pytest.approx(0.43)
+    assert float(rec["fgsm_Linf_0.002_std"]) == pytest.approx(math.sqrt(2 * 0.02**2), abs=1e-6)
+    md = rendered["LEADERBOARD.md"].read_text()
+    assert "94.00 ± 1.41" in md and "43.00 ± 2.83" in md
+    # one seed: no spread to report, and the table says so instead of printing 0.00
+    single = _find(results, "in-domain", "random-init")
+    assert single["n_seeds"] == "1" and single["clean_std"] == ""
+    assert "90.00 ± –" in md
+
+
+def test_ranking_by_fgsm_then_clean(results: list[dict[str, str]]) -> None:
+    def order(setting: str) -> list[str]:
+        recs = sorted((r for r in results if r["setting"] == setting), key=lambda r: int(r["rank"]))
+        return [r["loss"] + ("" if "M=" not in r["key_params"] else " M=" + r["key_params"][8]) for r in recs]
+
+    # in-domain FGSM@0.002: 60.0, 50.0, 47.0, 43.0, 12.0
+    assert order("in-domain") == ["intnacl M=5", "nca M=5", "nca M=2", "simclr", "random-init"]
+    # transfer: both nca recipes reach 40.00; the higher clean accuracy (M=5: 91.0 vs 90.5) ranks first
+    assert order("transfer") == ["intnacl M=5", "nca M=5", "nca M=2", "simclr", "random-init"]
+    assert [int(r["rank"]) for r in results if r["setting"] == "in-domain"] == [1, 2, 3, 4, 5]
+
+
+def test_control_row_is_ranked_and_marked(rendered: dict[str, Path]) -> None:
+    md = rendered["LEADERBOARD.md"].read_text()
+    control_lines = [
+        line for line in md.splitlines() if "random-init (control)" in line and line.startswith("|")
+    ]
+    assert len(control_lines) == 3  # in-domain, transfer, shift
+    assert control_lines[0].split("|")[1].strip() == "5"
+
+
+def test_sanity_failure_is_flagged(rendered: dict[str, Path], results: list[dict[str, str]]) -> None:
+    md = rendered["LEADERBOARD.md"].read_text()
+    in_domain = md.split("## In-domain", 1)[1].split("## Transfer", 1)[0]
+    flagged = [ln for ln in in_domain.splitlines() if ln.startswith("|") and "⚠" in ln]
+    assert len(flagged) == 1 and "| intnacl " in flagged[0] and flagged[0].rstrip(" |").endswith("⚠ 1")
+    assert "- ⚠ 1: intnacl, in-domain digits:0-4: `convnet_small.intnacl_digits-0-4_s0` seed 0, pgd" in md
+    rec = _find(results, "in-domain", "intnacl")
+    assert rec["sanity_ok"] == "False" and rec["sanity_failed"] == "attack_beats_noise"
+    assert _find(results, "transfer", "simclr")["sanity_ok"] == "True"
+
+
+def test_header_states_provenance(rendered: dict[str, Path]) -> None:
+    head = rendered["LEADERBOARD.md"].read_text().split("## ", 1)[0]
+    for needle in (
+        COMMAND,
+        "first 200 test examples",
+        "training seeds 0, 1",
+        "suite `paper` (sha256 `",
+        "robustbench_nacl 0.1.0",
+        "0.51/255",
+        "[0,1] pixel units",
+    ):
+        assert needle in head, needle
+
+
+# ============ flat outputs ============
+
+
+def test_json_and_raw_rows(rendered: dict[str, Path], results: list[dict[str, str]]) -> None:
+    def no_nan(x: str) -> None:
+        raise AssertionError(f"non-JSON number {x} in leaderboard.json")
+
+    data = json.loads(rendered["leaderboard.json"].read_text(), parse_constant=no_nan)
+    assert len(data["results"]) == len(results)
+    assert data["headline_eps"] == 0.002 and data["headline_eps_label"] == "0.51/255"
+    assert "ablation_lam.png" in data["skipped"] and "ablation_M.png" in data["figures"]
+    with open(rendered["rows.csv"], newline="") as f:
+        raw = list(csv.DictReader(f))
+    assert len(raw) == len(_rows())
+    nca = next(r for r in raw if r["loss"] == "nca")
+    assert nca["param_M"] in {"2", "5"} and json.loads(nca["versions"])["robustbench_nacl"] == "0.1.0"
+    assert not list(rendered["results.csv"].parent.glob(".*.tmp"))  # atomic writes left nothing behind
+
+
+# ============ figures ============
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR", f"{path.name} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.mark.parametrize("name", sorted(PNG_SIZES))
+def test_figures_are_valid_pngs(rendered: dict[str, Path], name: str) -> None:
+    from matplotlib.image import imread
+
+    path = rendered[name]
+    assert path.stat().st_size > 1000
+    assert _png_size(path) == PNG_SIZES[name]
+    assert imread(path).shape[:2] == PNG_SIZES[name][::-1]  # decodes completely
+
+
+def test_ablation_only_where_a_grid_exists(rendered: dict[str, Path], tmp_path: Path) -> None:
+    assert "ablation_M.png" in rendered  # nca M=2 and M=5 differ only in M
+    assert (
+        "ablation_lam.png" not in rendered
+        and not (rendered["results.csv"].parent / "ablation_lam.png").exists()
+    )
+    rows = [r for r in _rows() if r["key_params"] != "G1=g2 M=2 tau_plus=0.01 beta=1.0"]
+    (tmp_path / "ablation_M.png").write_bytes(b"stale")  # from an earlier render with a grid
+    written = render_leaderboard(rows, tmp_path)
+    assert "ablation_M.png" not in written and not (tmp_path / "ablation_M.png").exists()
+    assert "`ablation_M.png` not drawn: no M grid" in written["LEADERBOARD.md"].read_text()
+
+
+# ============ aggregation details ============
+
+
+def test_duplicate_rows_keep_the_largest_evaluation() -> None:
+    rows = _rows()
+    dup = dict(next(r for r in rows if r["loss"] == "simclr" and r["attack"] == "fgsm" and r["eps"] == 0.002))
+    dup |= {"row_id": "dup", "n_examples": 50, "robust_acc": 0.0, "suite": "quick"}
+    entries, dropped = aggregate([*rows, dup])
+    assert dropped == 1
+    rank_entries(entries, 0.002)
+    simclr = next(e for e in entries if e.recipe.loss == "simclr" and e.setting == "in-domain")
+    assert simclr.stat("fgsm_Linf_0.002").mean == pytest.approx(0.43)
+
+
+# ============ errors ============
+
+
+def test_missing_key_is_one_line_user_error(tmp_path: Path) -> None:
+    shutil.copytree(ROWS, tmp_path / "rows")
+    victim = sorted((tmp_path / "rows").glob("*.json"))[3]
+    row = json.loads(victim.read_text())
+    del row["clean_acc"]
+    victim.write_text(json.dumps(row))
+    with pytest.raises(UserError) as err:
+        main_leaderboard(tmp_path / "rows", tmp_path / "out")
+    msg = str(err.value)
+    assert "\n" not in msg and row["row_id"] in msg and "clean_acc" in msg and str(tmp_path / "rows") in msg
+    assert not (tmp_path / "out").exists()  # nothing rendered from a broken row set
+
+
+def test_non_numeric_accuracy_is_user_error() -> None:
+    rows = _rows()
+    rows[0] = {**rows[0], "robust_acc": "0.41"}
+    with pytest.raises(UserError, match=r"robust_acc must be a finite number, got '0\.41'"):
+        render_leaderboard(rows, "/nonexistent/never-written")
+
+
+def test_empty_rows_dir_is_user_error(tmp_path: Path) -> None:
+    (tmp_path / "rows").mkdir()
+    with pytest.raises(UserError, match=r"no result rows in .*robustbench-nacl eval"):
+        main_leaderboard(tmp_path / "rows", tmp_path / "out")
+    with pytest.raises(UserError, match="does not exist"):
+        main_leaderboard(tmp_path / "missing", tmp_path / "out")
