@@ -209,20 +209,25 @@ def model_device(model: nn.Module, default: torch.device | str = "cpu") -> torch
     return torch.device(default)
 
 
-def input_grad(model: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """Gradient of the summed cross-entropy w.r.t. the input, and the (detached) logits.
+def _ce_grad(logits: Tensor, y: Tensor, wrt: Tensor) -> Tensor:
+    """Gradient of the summed cross-entropy w.r.t. ``wrt`` (zeros if the output ignores it).
 
     The sum (not the mean) makes each example's gradient independent of the batch it sits in.
-    A model whose output does not depend on its input gets a zero gradient, not an error.
     """
+    loss = F.cross_entropy(logits.float(), y, reduction="sum")
+    if not loss.requires_grad:  # e.g. a constant classifier with frozen parameters
+        return torch.zeros_like(wrt)
+    (g,) = torch.autograd.grad(loss, wrt, allow_unused=True)
+    return torch.zeros_like(wrt) if g is None else g
+
+
+def input_grad(model: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradient of the summed cross-entropy w.r.t. the input, and the (detached) logits."""
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model(x)
-        loss = F.cross_entropy(logits.float(), y, reduction="sum")
-        if not loss.requires_grad:
-            return torch.zeros_like(x), logits.detach()
-        (g,) = torch.autograd.grad(loss, x, allow_unused=True)
-    return (torch.zeros_like(x) if g is None else g), logits.detach()
+        g = _ce_grad(logits, y, x)
+    return g, logits.detach()
 
 
 # ============ FGSM ============
@@ -236,7 +241,13 @@ def _fgsm(model: nn.Module, x: Tensor, y: Tensor, eps: float, norm: str) -> Tens
 
 @ATTACKS.register("fgsm", norms=("Linf",), params={}, family="single_step", eps0_check=True)
 def fgsm(
-    model: nn.Module, x: Tensor, y: Tensor, *, eps: float, gen: torch.Generator | None = None, norm: str = "Linf"
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    eps: float,
+    gen: torch.Generator | None = None,
+    norm: str = "Linf",
 ) -> Tensor:
     """FGSM (Goodfellow et al. 2015): ``clamp(x + eps * sign(grad_x CE), 0, 1)``, no random start."""
     return _fgsm(model, x, y, eps, "Linf")
@@ -244,7 +255,13 @@ def fgsm(
 
 @ATTACKS.register("fgsm_l2", norms=("L2",), params={}, family="single_step", eps0_check=True)
 def fgsm_l2(
-    model: nn.Module, x: Tensor, y: Tensor, *, eps: float, gen: torch.Generator | None = None, norm: str = "L2"
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    eps: float,
+    gen: torch.Generator | None = None,
+    norm: str = "L2",
 ) -> Tensor:
     """Fast gradient method in L2: ``clamp(x + eps * g / ||g||_2, 0, 1)``."""
     return _fgsm(model, x, y, eps, "L2")
@@ -278,16 +295,14 @@ def _pgd_run(
         keep = logits.argmax(1) == ya if early_stop else torch.ones_like(ya, dtype=torch.bool)
         if not bool(keep.any()):
             break
-        loss = F.cross_entropy(logits.float(), ya, reduction="sum")
-        if loss.requires_grad:
-            (g,) = torch.autograd.grad(loss, da, allow_unused=True)
-            g = torch.zeros_like(da) if g is None else g
-        else:
-            g = torch.zeros_like(da)
+        g = _ce_grad(logits, ya, da)
         d = ops.project(da.detach() + ops.ascent(g, step_size), eps)
         d = (xa + d).clamp(0.0, 1.0) - xa
-        delta[active[keep]] = d[keep]
-        active = active[keep]
+        if whole and bool(keep.all()):
+            delta = d
+        else:
+            delta[active[keep]] = d[keep]
+            active = active[keep]
     with torch.no_grad():
         logits = model(x + delta)
         loss = F.cross_entropy(logits.float(), y, reduction="none")
@@ -390,7 +405,9 @@ def _check_autoattack(params: dict[str, Any]) -> None:
 
 
 def _describe_autoattack(params: dict[str, Any], num_classes: int) -> dict[str, Any]:
-    kept, n_targets, note = autoattack_plan(params.get("version", "standard"), params.get("attacks"), num_classes)
+    kept, n_targets, note = autoattack_plan(
+        params.get("version", "standard"), params.get("attacks"), num_classes
+    )
     return {"attacks_run": kept, "n_target_classes": n_targets, **({"note": note} if note else {})}
 
 
@@ -466,9 +483,13 @@ def _torchattacks_class(name: str) -> type:
     try:
         torchattacks = importlib.import_module("torchattacks")
     except ImportError:
-        raise UserError(f"attack {name!r} needs the optional torchattacks package: {TORCHATTACKS_HINT}") from None
+        raise UserError(
+            f"attack {name!r} needs the optional torchattacks package: {TORCHATTACKS_HINT}"
+        ) from None
     cls_name = name[len(TORCHATTACKS_PREFIX) :]
-    valid = [n for n in getattr(torchattacks, "__all__", []) if n not in getattr(torchattacks, "__wrapper__", [])]
+    valid = [
+        n for n in getattr(torchattacks, "__all__", []) if n not in getattr(torchattacks, "__wrapper__", [])
+    ]
     cls = getattr(torchattacks, cls_name, None) if cls_name in valid else None
     if cls is None:
         raise UserError(f"unknown attack {name!r}; torchattacks provides: {', '.join(valid)}")

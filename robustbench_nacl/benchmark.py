@@ -60,7 +60,9 @@ def predict(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
 
 def _check_inputs(x: Tensor, y: Tensor) -> None:
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 2:
-        raise UserError("x must be a floating-point tensor of images shaped (N, C, H, W) with values in [0,1]")
+        raise UserError(
+            "x must be a floating-point tensor of images shaped (N, C, H, W) with values in [0,1]"
+        )
     if not isinstance(y, Tensor) or y.dim() != 1 or y.dtype.is_floating_point or len(y) != len(x):
         raise UserError(f"y must be a 1-D integer label tensor with one label per image ({len(x)})")
     if len(x) == 0:
@@ -145,7 +147,9 @@ def benchmark(
     chance = chance_level(y, width)
 
     # ============ per-model sanity checks (on at most sanity_n examples) ============
-    flags = model_checks(model, x, y, gen=_generator(device, derive_seed(seed, "sanity")), chance=chance, n=sanity_n)
+    flags = model_checks(
+        model, x, y, gen=_generator(device, derive_seed(seed, "sanity")), chance=chance, n=sanity_n
+    )
     flags["sanity_clean_above_chance"] = clean_acc > chance + TOL_EXAMPLES / n
     m = max(1, sanity_n)
     flags["sanity_eps0_equals_clean"] = _eps0_check(
@@ -169,7 +173,9 @@ def benchmark(
     setup_s = time.perf_counter() - t0
 
     # ============ attack sweeps ============
-    bar = tqdm(total=sum(len(s.eps) for s in suite.attacks), disable=not progress, desc="benchmark", unit="eps")
+    bar = tqdm(
+        total=sum(len(s.eps) for s in suite.attacks), disable=not progress, desc="benchmark", unit="eps"
+    )
     try:
         for spec in suite.attacks:
             info = attack_info(spec.name)
@@ -183,14 +189,24 @@ def benchmark(
                 gen = _generator(device, derive_seed(seed, spec.name, spec.norm, params, eps))
                 if todo.numel():
                     x_adv = run_attack(
-                        spec.name, model, x[todo], y[todo], eps=eps, norm=spec.norm, gen=gen, batch_size=bs, params=run_params
+                        spec.name,
+                        model,
+                        x[todo],
+                        y[todo],
+                        eps=eps,
+                        norm=spec.norm,
+                        gen=gen,
+                        batch_size=bs,
+                        params=run_params,
                     )
                     fooled[todo[predict(model, x_adv, bs).argmax(1) != y[todo]]] = True
                 robust = clean_correct & ~fooled
                 key = (spec.norm, eps)
                 if key not in noise_cache:
                     noise_gen = _generator(device, derive_seed(seed, "noise", spec.norm, eps))
-                    noise_cache[key] = noise_accuracy(model, x, y, eps, noise_gen, norm=spec.norm, batch_size=bs)
+                    noise_cache[key] = noise_accuracy(
+                        model, x, y, eps, noise_gen, norm=spec.norm, batch_size=bs
+                    )
                 describe = info.get("describe")
                 rows.append(
                     {

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import UserError
 from .registry import Registry
@@ -332,16 +332,114 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+# ============ leaderboard / zoo / demo ============
+
+
+def run_leaderboard(args: argparse.Namespace) -> int:
+    from .leaderboard import main_leaderboard
+
+    files = main_leaderboard(args.rows, args.out, headline_eps=args.headline_eps, command=" ".join(sys.argv))
+    for name, path in files.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+@command("leaderboard", "render LEADERBOARD.md, CSV/JSON, the paper's plots and index.html from result rows")
+def _leaderboard_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", required=True, help="directory of result rows (the --out of `eval`)")
+    p.add_argument("--out", required=True, help="where to write the leaderboard")
+    p.add_argument("--headline-eps", type=float, default=0.002, help="epsilon of the headline robust columns")
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from . import zoo
+
+    if args.action == "list":
+        entries = zoo.load_zoo(args.zoo)
+        rows = [
+            [e.id, e.loss, e.dataset, e.seed, "yes" if zoo.is_trained(e, args.out) else "no"] for e in entries
+        ]
+        print(tabulate(rows, headers=["id", "loss", "dataset", "seed", "trained"], tablefmt="github"))
+        return 0
+    if args.action == "show":
+        if not args.ids:
+            raise UserError("zoo show needs an entry id, e.g. `zoo show convnet_small.simclr_digits-0-4_s0`")
+        for i in args.ids:
+            print(json.dumps(zoo.find_entry(i).to_dict(), indent=2))
+        return 0
+    entries = [zoo.find_entry(i) for i in args.ids] if args.ids else zoo.load_zoo(args.zoo)
+    if args.action == "train":
+        from .trainer import train
+
+        for e in entries:
+            d = zoo.checkpoint_dir(e, args.out)
+            if zoo.is_trained(e, args.out):
+                print(f"{e.id}: already trained ({d})")
+                continue
+            train(e.train_config(), d, device=args.device, resume=(d / "train_state.pt").exists())
+            print(f"{e.id}: trained -> {d}")
+        return 0
+    bad = 0
+    for e in entries:
+        status, detail = zoo.verify_entry(e, args.out)
+        if status in ("changed", "unpinned-mismatch"):
+            bad += 1
+        if status != "untrained" or args.ids:
+            print(f"{status:<18} {e.id}  {detail}")
+    if bad:
+        print(f"{bad} checkpoint(s) do not match their recorded sha256", file=sys.stderr)
+        return 1
+    return 0
+
+
+@command("zoo", "list, show, train or verify model-zoo entries (zoo/*/*.json)")
+def _zoo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["list", "show", "train", "verify"])
+    p.add_argument("ids", nargs="*", help="entry ids (default: every entry of --zoo)")
+    p.add_argument("--zoo", default=None, help="which zoo: demo | paper (default: all)")
+    p.add_argument("--out", default="runs/zoo", help="checkpoints directory (one folder per entry id)")
+    p.add_argument("--device", default="cpu")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo as demo
+
+    demo(args.out, dataset=args.dataset, quick=args.quick, device=args.device, workers=args.workers)
+    return 0
+
+
+@command("demo", "the main job: train the demo zoo on digits, evaluate it, render the leaderboard")
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="demo_out", help="output directory")
+    p.add_argument(
+        "--quick", action="store_true", help="fewer epochs and examples, same code path (~1 minute)"
+    )
+    p.add_argument("--dataset", default="digits", help="digits (embedded, default) | fashion-mnist")
+    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--workers", type=int, default=None, help="parallel worker processes (default: min(2, cores))"
+    )
+
+
 # ============ entry point ============
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what is wrong, and where to look) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per registered command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="robustbench-nacl",
         description="Adversarial-robustness benchmark and model zoo for contrastive encoders.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS.names():
         add_args, _ = COMMANDS.get(name)
         add_args(

@@ -61,9 +61,7 @@ def check_logits_not_probs(model: nn.Module, x: Tensor, *, n: int = SANITY_N, at
     ``check_range_output``).
     """
     out = model(_head(x, n)).float()
-    probs = bool(
-        (out.min() > -atol) and (out.max() < 1 + atol) and ((out.sum(-1) - 1).abs() < atol).all()
-    )
+    probs = bool((out.min() > -atol) and (out.max() < 1 + atol) and ((out.sum(-1) - 1).abs() < atol).all())
     return not probs
 
 
@@ -142,7 +140,7 @@ def _sphere_noise(x: Tensor, eps: float, gen: torch.Generator | None) -> Tensor:
     return eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
 
 
-# The noise counterpart of each threat model: a random corner of the Linf ball, a random point on the L2 sphere.
+# The noise counterpart of each threat model: a random Linf-ball corner, a random point on the L2 sphere.
 _NOISE: dict[str, Callable[[Tensor, float, torch.Generator | None], Tensor]] = {
     "Linf": _sign_noise,
     "L2": _sphere_noise,
@@ -194,7 +192,10 @@ def unbounded_accuracy(
     from .attacks import pgd  # lazy: attacks imports this module
 
     xs, ys = _head(x, n), _head(y, n)
-    x_adv = pgd(model, xs, ys, eps=1.0, gen=gen, norm="Linf", steps=steps, step_size=step_size, random_start=False)
+    x_adv = pgd(
+        model, xs, ys, eps=1.0, gen=gen, norm="Linf", steps=steps, step_size=step_size, random_start=False
+    )
+    check_perturbation(xs, x_adv, 1.0, "Linf", what="unbounded PGD")
     return float((_forward(model, x_adv).argmax(1) == ys).float().mean())
 
 
@@ -304,7 +305,9 @@ def cross_row_checks(rows: list[dict[str, Any]], *, tol_examples: int = TOL_EXAM
         r["sanity_le_single_step"] = None if ref is None else r["n_robust"] <= ref + tol_examples
         noise = r.get("sanity_noise_acc")
         n = max(1, r["n_examples"])
-        r["sanity_attack_beats_noise"] = None if noise is None else r["robust_acc"] <= noise + tol_examples / n
+        r["sanity_attack_beats_noise"] = (
+            None if noise is None else r["robust_acc"] <= noise + tol_examples / n
+        )
     for i, r in enumerate(rows):
         failed, warned = [], []
         for k, v in r.items():

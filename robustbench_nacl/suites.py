@@ -84,7 +84,7 @@ def canonical_json(obj: Any) -> str:
 
 
 def suite_dirs() -> list[Path]:
-    """Where suite names are looked up: ``$ROBUSTBENCH_NACL_ATTACKS`` first, then the repository's ``attacks/``."""
+    """Where suite names are looked up: ``$ROBUSTBENCH_NACL_ATTACKS`` first, then the repo's ``attacks/``."""
     env = os.environ.get(ENV_DIR, "").strip()
     return [*([Path(env)] if env else []), REPO_SUITES_DIR]
 
@@ -110,7 +110,9 @@ def load_suite(suite: str | Path | Mapping[str, Any] | Suite) -> Suite:
                 path = d / f"{suite}.toml"
                 break
         else:
-            raise UserError(f"unknown attack suite {str(suite)!r}; available: {', '.join(suite_names()) or 'none'}")
+            raise UserError(
+                f"unknown attack suite {str(suite)!r}; available: {', '.join(suite_names()) or 'none'}"
+            )
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -133,14 +135,17 @@ def parse_suite_text(text: str, *, source: str = "<string>", default_name: str =
     return parse_suite_dict(data, source=source, default_name=default_name)
 
 
-def parse_suite_dict(data: Mapping[str, Any], *, source: str = "<dict>", default_name: str = "custom") -> Suite:
+def parse_suite_dict(
+    data: Mapping[str, Any], *, source: str = "<dict>", default_name: str = "custom"
+) -> Suite:
     """Validate the parsed structure (``{"attack": [{...}, ...]}``) into a ``Suite``."""
     if not isinstance(data, Mapping):
         raise UserError(f"{source}: a suite is a table with an [[attack]] array, not {type(data).__name__}")
     extra = [k for k in data if k not in TOP_LEVEL_KEYS]
     if extra:
         raise UserError(
-            f"{source}: unknown top-level key(s) {', '.join(map(short_repr, extra))}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
+            f"{source}: unknown top-level key(s) {', '.join(map(short_repr, extra))}; "
+            f"allowed: {', '.join(TOP_LEVEL_KEYS)}"
         )
     if "attack" not in data:
         raise UserError(f"{source}: no [[attack]] table; a suite lists its attacks as [[attack]] entries")
@@ -176,7 +181,9 @@ def _parse_spec(entry: Any, where: str) -> AttackSpec:
         raise UserError(f"{where}: keys must be strings, got {short_repr(bad_keys[0])}")
     name = entry.get("name")
     if not isinstance(name, str):
-        raise UserError(f"{where}: 'name' (the attack) is required and must be a string, got {short_repr(name)}")
+        raise UserError(
+            f"{where}: 'name' (the attack) is required and must be a string, got {short_repr(name)}"
+        )
     where = f"{where} ({name})"
     try:
         resolve_attack(name)
@@ -207,7 +214,9 @@ def _parse_eps_list(raw: Any, norm: str, where: str) -> tuple[float, ...]:
     for e in eps:
         if e < 0 or e > EPS_MAX[norm]:
             bound = "[0, 1]" if math.isfinite(EPS_MAX[norm]) else ">= 0"
-            raise UserError(f"{where}: eps {e:g} out of range for {norm}; it must be {bound} in [0,1] pixel units")
+            raise UserError(
+                f"{where}: eps {e:g} out of range for {norm}; it must be {bound} in [0,1] pixel units"
+            )
     if len(set(eps)) != len(eps):
         raise UserError(f"{where}: duplicate eps values {short_repr(values)}")
     return tuple(eps)
@@ -227,7 +236,9 @@ def _parse_params(name: str, info: Mapping[str, Any], raw: dict[str, Any], where
     the class constructor. Defaults are filled in so rows and hashes show the full configuration."""
     for k, v in raw.items():
         if not _json_value(v):
-            raise UserError(f"{where}: {k} must be plain data (numbers, strings, booleans, lists), got {short_repr(v)}")
+            raise UserError(
+                f"{where}: {k} must be plain data (numbers, strings, booleans, lists), got {short_repr(v)}"
+            )
     if name.startswith(TORCHATTACKS_PREFIX):
         accepted = torchattacks_params(name)
         defaults = {
@@ -238,7 +249,11 @@ def _parse_params(name: str, info: Mapping[str, Any], raw: dict[str, Any], where
     else:
         accepted = info.get("params", {})
         sig = inspect.signature(resolve_attack(name)).parameters
-        defaults = {k: sig[k].default for k in accepted if k in sig and sig[k].default not in (None, inspect.Parameter.empty)}
+        defaults = {
+            k: sig[k].default
+            for k in accepted
+            if k in sig and sig[k].default not in (None, inspect.Parameter.empty)
+        }
     unknown = [k for k in raw if k not in accepted]
     if unknown:
         allowed = ", ".join([*SPEC_KEYS, *accepted]) or "name, norm, eps"

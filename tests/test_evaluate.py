@@ -1,0 +1,172 @@
+"""Evaluation: settings, content-addressed rows that make a rerun a no-op, controls, CLI contract."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from robustbench_nacl.evaluate import evaluate, settings_for, transfer_default
+from robustbench_nacl.probe import ProbeConfig
+from robustbench_nacl.results import IDENTITY, load_rows
+from robustbench_nacl.trainer import TrainConfig, train
+
+QUICK = {"n_examples": 40, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress": False}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = TrainConfig(
+        loss="simclr",
+        dataset="digits:0-4",
+        encoder="convnet_small",
+        encoder_kwargs={"width": 8},
+        epochs=2,
+        batch_size=64,
+        lr=3e-3,
+        knn_every=2,
+    )
+    return train(cfg, tmp_path_factory.mktemp("ckpt") / "run", progress=False)
+
+
+def test_settings_and_transfer_default() -> None:
+    assert transfer_default("digits:0-4") == "digits:5,6,7,8,9"
+    assert transfer_default("digits") is None
+    s = settings_for("digits:0-4", "digits:5-9", "all")
+    assert [x.name for x in s] == ["in-domain", "transfer"] + ["shift"] * 5
+    assert s[2].dataset == "digits:0-4@grayscale"
+
+
+def test_rows_carry_provenance_and_pass_sanity(ckpt: Path, tmp_path: Path) -> None:
+    rows = evaluate(ckpt, transfer="digits:5-9", shift="grayscale", suite="quick", out=tmp_path, **QUICK)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert {r["setting"] for r in rows} == {"in-domain", "transfer", "shift"}
+    for r in rows:
+        for k in (
+            *IDENTITY,
+            "row_id",
+            "checkpoint_id",
+            "clean_acc",
+            "robust_acc",
+            "eps_label",
+            "versions",
+            "device",
+            "wall_s",
+            "sanity_ok",
+            "probe_test_acc",
+            "knn_acc",
+            "created_at",
+        ):
+            assert k in r, k
+        assert r["checkpoint_sha256"] == manifest["weights_sha256"]
+        assert r["robust_acc"] <= r["clean_acc"] and isinstance(r["eps"], float)
+        assert r["sanity_ok"], {k: v for k, v in r.items() if k.startswith("sanity_")}
+    on_disk = load_rows(tmp_path)
+    assert sorted(r["row_id"] for r in on_disk) == sorted(r["row_id"] for r in rows)
+    assert len({r["row_id"] for r in rows}) == len(rows)  # content addresses are distinct
+
+
+def test_rerun_writes_nothing_and_force_recomputes(ckpt: Path, tmp_path: Path) -> None:
+    evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
+    files = sorted((tmp_path / "rows").glob("*.json"))
+    stamps = {p: p.stat().st_mtime_ns for p in files}
+    t0 = time.perf_counter()
+    again = evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
+    quick = time.perf_counter() - t0
+    assert sorted((tmp_path / "rows").glob("*.json")) == files
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in files)  # nothing rewritten
+    assert len(again) == len(files) and quick < 5.0
+    # a different eval seed is a different measurement: new rows, old ones untouched
+    evaluate(ckpt, suite="quick", out=tmp_path, seed=1, **QUICK)
+    assert len(list((tmp_path / "rows").glob("*.json"))) > len(files)
+    forced = evaluate(ckpt, suite="quick", out=tmp_path, force=True, **QUICK)
+    assert any(
+        p.stat().st_mtime_ns != stamps[p] for p in files if p.name[:-5] in {r["row_id"] for r in forced}
+    )
+
+
+def test_random_init_control_is_marked_and_hashed(ckpt: Path, tmp_path: Path) -> None:
+    rows = evaluate(ckpt, suite="quick", out=tmp_path, control=True, **QUICK)
+    trained = evaluate(ckpt, suite="quick", out=tmp_path, **QUICK)
+    assert all(r["control"] and r["loss"] == "random-init" for r in rows)
+    assert "random-init" in rows[0]["checkpoint_id"]
+    assert rows[0]["checkpoint_sha256"] != trained[0]["checkpoint_sha256"]
+    again = evaluate(ckpt, suite="quick", out=tmp_path, control=True, **QUICK)  # same seed, same weights
+    assert again[0]["checkpoint_sha256"] == rows[0]["checkpoint_sha256"]
+
+
+def test_eval_cli_twice_second_run_writes_nothing(
+    ckpt: Path, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    args = [
+        "eval",
+        str(ckpt),
+        "--transfer",
+        "auto",
+        "--shift",
+        "flip",
+        "--suite",
+        "paper",
+        "--out",
+        str(tmp_path),
+        "--n-examples",
+        "40",
+        "--probe-epochs",
+        "30",
+        "--no-progress",
+    ]
+    first = run_cli(args, cli_env)
+    assert first.returncode == 0, first.stderr
+    n = len(list((tmp_path / "rows").glob("*.json")))
+    assert n == 3 * (6 + 5)  # 3 settings x (5 FGSM + 1 PGD rows, 5 worst-case eps)
+    second = run_cli(args, cli_env)
+    assert second.returncode == 0 and len(list((tmp_path / "rows").glob("*.json"))) == n
+    assert f"{n} result rows" in second.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["train", "--loss", "nope", "--out", "X"], "valid choices: simclr"),
+        (["train", "--loss", "simclr", "--encoder", "vgg", "--out", "X"], "valid choices"),
+        (["train", "--loss", "simclr", "--dataset", "imagenet", "--out", "X"], "digits"),
+        (["train", "--loss", "mixnca", "--set", "M=0", "--out", "X"], "M must be >= 1"),
+        (["train", "--loss", "mixnca", "--set", "lam=2", "--out", "X"], "lam must lie in [0, 1]"),
+        (["train", "--loss", "simclr", "--batch-size", "1", "--out", "X"], "at least 2 images"),
+        (["train", "--loss", "simclr", "--dataset", "digits:20-30", "--out", "X"], "class"),
+        (["eval", "nowhere", "--suite", "quick", "--out", "X"], "nowhere"),
+        (["losses", "nope"], "valid choices"),
+        (["train", "--loss", "simclr"], "--out"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, fragment, tmp_path, cli_env) -> None:
+    args = [str(tmp_path / "X") if a == "X" else a for a in args]
+    res = run_cli(args, cli_env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in res.stderr
+    assert not (tmp_path / "X").exists()
+
+
+def test_losses_json_lists_every_preset_with_params(cli_env: dict[str, str]) -> None:
+    res = run_cli(["losses", "--json"], cli_env)
+    assert res.returncode == 0
+    entries = json.loads(res.stdout)
+    names = {e["name"] for e in entries}
+    assert {"simclr", "intnacl", "arcl", "dacl_plus", "supervised", "var", "nca_mixnca"} <= names
+    intnacl = next(e for e in entries if e["name"] == "intnacl")["params"]
+    assert (intnacl["G1"], intnacl["M"], intnacl["lam"], intnacl["alpha"], intnacl["w"]) == (
+        "g2",
+        5,
+        0.5,
+        1.0,
+        "w_hat",
+    )
+    shown = run_cli(["losses", "mixnca", "--set", "M=3", "--set", "lam=0.9", "--json"], cli_env)
+    p = json.loads(shown.stdout)[0]["params"]
+    assert (p["M"], p["lam"]) == (3, 0.9)
+    table = run_cli(["losses"], cli_env)
+    assert "MIXNCA" in table.stdout and "w_hat" in table.stdout
