@@ -44,7 +44,7 @@ DEMOS.add(
         "full": DemoPlan(
             "digits:0-4",
             "digits:5-9",
-            epochs=15,
+            epochs=10,
             batch_size=128,
             probe_epochs=1000,
             n_examples=None,

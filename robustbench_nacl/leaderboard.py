@@ -314,6 +314,20 @@ class Context:
         return metric_name("pgd", "Linf", self.headline_eps)
 
     @property
+    def strong_eps(self) -> float | None:
+        """The largest FGSM L∞ eps in the rows, when above the headline: a column that separates
+        recipes where the headline budget barely moves accuracy (e.g. 0.51/255 on 8x8 digits)."""
+        eps = [float(r["eps"]) for r in self.rows if r["attack"] == "fgsm" and r["norm"] == "Linf"]
+        top = max(eps, default=None)
+        return top if top is not None and top > self.headline_eps else None
+
+    @property
+    def strong_cols(self) -> list[tuple[str, str]]:
+        """(header, metric) of the strong-eps column, if any."""
+        e = self.strong_eps
+        return [] if e is None else [(f"FGSM@{e:g} ({eps_label(e)})", metric_name("fgsm", "Linf", e))]
+
+    @property
     def eps_text(self) -> str:
         """The headline eps in both units, e.g. ``0.002 (0.51/255)``."""
         return f"{self.headline_eps:g} ({eps_label(self.headline_eps)})"
@@ -382,7 +396,7 @@ def _table_in_domain(ctx: Context) -> list[str]:
         recipes = {e.recipe for e in group}
         targets = _distinct(t.dataset for t in ctx.entries if t.setting == "transfer" and t.recipe in recipes)
         heads, align = _ident_headers(ctx, "in-domain")
-        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}"]
+        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}", *(h for h, _ in ctx.strong_cols)]
         for t in targets:
             heads += [f"→ {t} clean", f"→ {t} FGSM"]
         heads.append("sanity")
@@ -392,6 +406,7 @@ def _table_in_domain(ctx: Context) -> list[str]:
             n = len(e.runs)
             line = [*_ident_cols(ctx, e), str(n), _fmt_with_n(e.stat("clean"), n)]
             line += [_fmt_with_n(e.stat(ctx.fgsm), n), _fmt_with_n(e.stat(ctx.pgd), n)]
+            line += [_fmt_with_n(e.stat(m), n) for _, m in ctx.strong_cols]
             for t in targets:
                 te = ctx.find(e.recipe, "transfer", t)
                 line += [_fmt_with_n(te.stat(m), n) if te else MISSING for m in ("clean", ctx.fgsm)]
@@ -407,12 +422,13 @@ def _table_transfer(ctx: Context) -> list[str]:
         group.sort(key=lambda e: e.rank)
         sources = _join(e.recipe.pretrain_dataset for e in group)
         heads, align = _ident_headers(ctx, "transfer")
-        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}", "sanity"]
-        align += ["right"] * 4 + ["left"]
+        strong = ctx.strong_cols
+        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}", *(h for h, _ in strong), "sanity"]
+        align += ["right"] * (4 + len(strong)) + ["left"]
         body = []
         for e in group:
             n = len(e.runs)
-            stats = [_fmt_with_n(e.stat(m), n) for m in ("clean", ctx.fgsm, ctx.pgd)]
+            stats = [_fmt_with_n(e.stat(m), n) for m in ("clean", ctx.fgsm, ctx.pgd, *(m for _, m in strong))]
             body.append([*_ident_cols(ctx, e), str(n), *stats, ctx.flag([e])])
         title = f"## Transfer: probe on {dataset} (encoders pretrained on {sources})"
         out += [title, "", _table_md(heads, body, align), ""]

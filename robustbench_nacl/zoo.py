@@ -224,7 +224,7 @@ def write_entry(entry: ZooEntry, root: str | Path | None = None) -> Path:
 
 PAPER_RECIPE = {"epochs": 100, "batch_size": 256, "optimizer": "adam", "lr": 3e-4, "weight_decay": 0.0}
 PAPER_EVAL = {"transfer": "cifar10", "shift": None, "suite": "paper", "n_examples": None}
-DEMO_RECIPE = {"epochs": 15, "batch_size": 128, "optimizer": "adam", "lr": 3e-3, "weight_decay": 0.0}
+DEMO_RECIPE = {"epochs": 10, "batch_size": 128, "optimizer": "adam", "lr": 3e-3, "weight_decay": 0.0}
 DEMO_EVAL = {"transfer": "digits:5-9", "shift": "all", "suite": "paper", "n_examples": None}
 DEMO_M = 3  # demo: 3 positives instead of 5, so that every family fits the 5-minute CPU budget
 
