@@ -396,7 +396,8 @@ def _table_in_domain(ctx: Context) -> list[str]:
         recipes = {e.recipe for e in group}
         targets = _distinct(t.dataset for t in ctx.entries if t.setting == "transfer" and t.recipe in recipes)
         heads, align = _ident_headers(ctx, "in-domain")
-        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}", *(h for h, _ in ctx.strong_cols)]
+        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}"]
+        heads += [h for h, _ in ctx.strong_cols]
         for t in targets:
             heads += [f"→ {t} clean", f"→ {t} FGSM"]
         heads.append("sanity")
@@ -423,7 +424,8 @@ def _table_transfer(ctx: Context) -> list[str]:
         sources = _join(e.recipe.pretrain_dataset for e in group)
         heads, align = _ident_headers(ctx, "transfer")
         strong = ctx.strong_cols
-        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}", *(h for h, _ in strong), "sanity"]
+        heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}", *(h for h, _ in strong)]
+        heads.append("sanity")
         align += ["right"] * (4 + len(strong)) + ["left"]
         body = []
         for e in group:
