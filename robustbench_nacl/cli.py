@@ -184,12 +184,18 @@ def run_train(args: argparse.Namespace) -> int:
         precision=args.precision,
         channels_last=args.channels_last,
         data_root=args.data_root,
+        max_train=args.max_train,
     )
     out = train(cfg, args.out, device=args.device, resume=args.resume, progress=not args.no_progress)
     manifest = json.loads((out / "manifest.json").read_text())
     print(
         f"wrote {out / manifest['weights']} and {out / 'manifest.json'} "
-        f"(test kNN accuracy {manifest['knn_acc']:.4f})"
+        f"(test kNN accuracy {manifest['knn_acc']:.4f}"
+        + (
+            f", {manifest['knn_acc_init']:.4f} at initialisation)"
+            if manifest.get("knn_acc_init") is not None
+            else ")"
+        )
     )
     return 0
 
@@ -214,7 +220,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fuse-views", action="store_true", help="forward all views in one pass (changes BN statistics)"
     )
-    p.add_argument("--knn-every", type=int, default=5, help="kNN monitor every N epochs")
+    p.add_argument("--knn-every", type=int, default=5, help="kNN monitor every N epochs (0: only at the end)")
+    p.add_argument("--max-train", type=int, default=None, help="use only the first N training images")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--channels-last", action="store_true")
     p.add_argument(

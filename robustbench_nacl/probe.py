@@ -9,6 +9,7 @@ only for training the probe and for clean metrics: attacks always run end to end
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -51,6 +52,7 @@ class ProbeConfig:
     batch_size: int = 256
     weight_decay: float = 0.0
     seed: int = 0
+    max_train: int | None = None  # train the probe on the first N training images only (budgeted demos)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def fit_linear_probe(
     cfg = cfg or ProbeConfig()
     device = next(encoder.parameters()).device
     encoder.eval()
+    if cfg.max_train is not None:
+        train = dataclasses.replace(train, x=train.x[: cfg.max_train], y=train.y[: cfg.max_train])
     f_train = extract_features(encoder, train.x, batch_size=feature_batch).to(device)
     f_test = extract_features(encoder, test.x, batch_size=feature_batch).to(device)
     y_train, y_test = train.y.to(device), test.y.to(device)

@@ -58,7 +58,8 @@ def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_p
     assert manifest["dual_bn"] == (manifest["loss_params"]["alpha"] > 0)
     assert not (out / "train_state.pt").exists()  # the resume state is removed once the run is final
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in log] == [1] and "test_knn_acc" in log[0]
+    assert [r["epoch"] for r in log] == [0, 1] and "test_knn_acc" in log[0] and "test_knn_acc" in log[1]
+    assert manifest["knn_acc_init"] == log[0]["test_knn_acc"]  # the random-init baseline
 
 
 def test_same_seed_same_bits_and_fused_views_differ(tmp_path: Path) -> None:

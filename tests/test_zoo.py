@@ -1,0 +1,104 @@
+"""Zoo: shipped manifests validate, ids are unique, train/verify round trip detects changed weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from robustbench_nacl import zoo
+from robustbench_nacl.errors import UserError
+
+
+def test_shipped_zoos_validate_and_match_their_generators() -> None:
+    demo, paper = zoo.load_zoo("demo"), zoo.load_zoo("paper")
+    assert [e.to_dict() for e in demo] == sorted((e.to_dict() for e in zoo.demo_zoo()), key=lambda d: d["id"])
+    assert {e.id for e in paper} == {e.id for e in zoo.paper_zoo()}
+    assert {e.loss for e in demo} == {e.loss for e in paper}  # one demo entry per family of the paper zoo
+    assert {e.seed for e in paper} == {0, 1, 2, 3, 4}
+    assert all(e.dataset == "cifar100" and e.encoder == "resnet18_cifar" for e in paper)
+    assert all(e.recipe["epochs"] == 100 and e.recipe["batch_size"] == 256 for e in paper)
+    grid = {(e.overrides.get("M"), e.overrides.get("lam")) for e in paper if e.loss == "mixnca"}
+    assert {(m, lam) for m in (2, 3, 4, 5) for lam in (0.5, 0.6, 0.7, 0.8, 0.9)} <= grid
+
+
+def _entry(tmp: Path) -> zoo.ZooEntry:
+    e = zoo.ZooEntry(
+        id="convnet_small.simclr_digits-0-2_s0",
+        zoo="t",
+        encoder="convnet_small",
+        loss="simclr",
+        dataset="digits:0-2",
+        seed=0,
+        recipe={"epochs": 1, "batch_size": 64, "optimizer": "adam", "lr": 3e-3, "weight_decay": 0.0},
+        encoder_kwargs={"width": 8},
+    )
+    zoo.write_entry(e, tmp / "zoo")
+    return e
+
+
+def test_train_then_verify_detects_a_changed_weights_file(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    _entry(tmp_path)
+    cli_env["ROBUSTBENCH_NACL_ZOO"] = str(tmp_path / "zoo")
+    out = str(tmp_path / "ckpts")
+    res = run_cli(["zoo", "train", "--zoo", "t", "--out", out], cli_env)
+    assert res.returncode == 0, res.stderr
+    again = run_cli(["zoo", "train", "--zoo", "t", "--out", out], cli_env)
+    assert "already trained" in again.stdout  # trained entries are skipped
+    ok = run_cli(["zoo", "verify", "--zoo", "t", "--out", out], cli_env)
+    assert ok.returncode == 0 and ok.stdout.startswith("ok")
+    weights = tmp_path / "ckpts" / "convnet_small.simclr_digits-0-2_s0" / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # flip one bit of one weight
+    weights.write_bytes(bytes(data))
+    bad = run_cli(["zoo", "verify", "--zoo", "t", "--out", out], cli_env)
+    assert bad.returncode == 1 and "changed" in bad.stdout
+    listed = run_cli(["zoo", "list", "--zoo", "t", "--out", out], cli_env)
+    assert "convnet_small.simclr_digits-0-2_s0" in listed.stdout and "yes" in listed.stdout
+
+
+def test_a_pinned_sha_that_differs_is_reported(tmp_path: Path) -> None:
+    e = _entry(tmp_path)
+    import dataclasses
+
+    from robustbench_nacl.trainer import train
+
+    train(e.train_config(), zoo.checkpoint_dir(e, tmp_path / "c"), progress=False)
+    assert zoo.verify_entry(e, tmp_path / "c")[0] == "ok"
+    pinned = dataclasses.replace(e, weights_sha256="0" * 64)
+    assert zoo.verify_entry(pinned, tmp_path / "c")[0] == "unpinned-mismatch"
+
+
+@pytest.mark.parametrize(
+    ("patch", "fragment"),
+    [
+        ({"encoder": "vgg"}, "valid choices"),
+        ({"loss": "nope"}, "valid choices"),
+        ({"overrides": {"M": 0}}, "M must be >= 1"),
+        ({"dataset": "digits:40-50"}, "digits"),
+        ({"seed": "0"}, "must be a int"),
+        ({"extra": 1}, "unknown field"),
+        ({"recipe": {"epochs": 0, "batch_size": 64}}, "epochs must be >= 1"),
+        ({"weights_sha256": "xyz"}, "64 lowercase hex"),
+    ],
+)
+def test_invalid_manifests_are_one_line_errors(patch: dict, fragment: str) -> None:
+    data = zoo.demo_zoo()[0].to_dict()
+    data.update(patch)
+    with pytest.raises(UserError) as e:
+        zoo.parse_entry(data, "x.json")
+    assert fragment in str(e.value) and "x.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_duplicate_ids_and_bad_json_are_refused(tmp_path: Path) -> None:
+    e = _entry(tmp_path)
+    (tmp_path / "zoo" / "t" / "copy.json").write_text(json.dumps(e.to_dict()))
+    with pytest.raises(UserError, match="duplicate id"):
+        zoo.load_zoo("t", tmp_path / "zoo")
+    (tmp_path / "zoo" / "t" / "copy.json").write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        zoo.load_zoo("t", tmp_path / "zoo")
+    with pytest.raises(UserError, match="unknown zoo"):
+        zoo.load_zoo("nope", tmp_path / "zoo")
