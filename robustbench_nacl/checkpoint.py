@@ -53,22 +53,70 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     p = resolve_manifest_path(path)
     try:
         manifest = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{p} is not valid JSON ({e}); the checkpoint is corrupt") from None
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON, UTF-8 or huge integers
+        raise CheckpointError(f"{p} is not valid JSON ({_one_line(e)}); the checkpoint is corrupt") from None
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{p} must hold a JSON object")
     for key in ("encoder", "weights", "weights_sha256"):
         if key not in manifest:
             raise CheckpointError(f"{p} lacks the field {key!r}; was it written by `robustbench-nacl train`?")
+    _check_manifest_types(manifest, p)
     return manifest
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    s = " ".join(str(e).split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _check_manifest_types(manifest: dict[str, Any], p: Path) -> None:
+    """The fields that rebuild the module must have the types ``train`` writes (the file may be hostile)."""
+
+    def bad(field: str, what: str) -> CheckpointError:
+        return CheckpointError(f"{p}: field {field!r} must be {what}; the manifest is corrupt or forged")
+
+    if not isinstance(manifest["encoder"], str):
+        raise bad("encoder", "an encoder name")
+    weights = manifest["weights"]
+    if not isinstance(weights, str) or not weights or len(weights) > 255:
+        raise bad("weights", "a file name")
+    sha = manifest["weights_sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise bad("weights_sha256", "64 lowercase hex digits")
+    if not isinstance(manifest.get("encoder_kwargs") or {}, dict):
+        raise bad("encoder_kwargs", "a JSON object")
+    if "in_channels" in manifest and (
+        not isinstance(manifest["in_channels"], int) or isinstance(manifest["in_channels"], bool)
+    ):
+        raise bad("in_channels", "an integer")
+    size = manifest.get("input_size")
+    if size is not None and (
+        not isinstance(size, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in size)
+    ):
+        raise bad("input_size", "a list of integers")
+    norm = manifest.get("normalization")
+    if norm is not None:
+        if not isinstance(norm, dict):
+            raise bad("normalization", "an object with mean and std")
+        for k in ("mean", "std"):
+            v = norm.get(k, [0.5])
+            if not isinstance(v, list) or not v or not all(_is_number(x) for x in v):
+                raise bad(f"normalization.{k}", "a non-empty list of numbers")
 
 
 def load_state(weights_path: str | Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
     """Read a safetensors file, verifying its sha256 and that every tensor is finite."""
     p = Path(weights_path)
-    if not p.is_file():
-        raise CheckpointError(f"weights file {p} not found")
-    data = p.read_bytes()
+    try:
+        if not p.is_file():
+            raise CheckpointError(f"weights file {p} not found")
+        data = p.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"cannot read weights file {p}: {e.strerror or _one_line(e)}") from None
     if expected_sha256 is not None and sha256_bytes(data) != expected_sha256:
         raise CheckpointError(
             f"sha256 of {p} does not match its manifest (file changed or corrupt); refusing to load it"

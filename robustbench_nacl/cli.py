@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .errors import UserError
+from .io import check_writable_dir
 from .registry import Registry
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -186,6 +188,12 @@ def run_train(args: argparse.Namespace) -> int:
         data_root=args.data_root,
         max_train=args.max_train,
     )
+    # torch's Adam raises a bare ValueError for these; say what is wrong instead
+    if not math.isfinite(args.lr):
+        raise UserError(f"--lr {args.lr}: must be a finite number > 0")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise UserError(f"--weight-decay {args.weight_decay}: must be a finite number >= 0")
+    check_writable_dir(args.out)  # before training, not at the first checkpoint
     out = train(cfg, args.out, device=args.device, resume=args.resume, progress=not args.no_progress)
     manifest = json.loads((out / "manifest.json").read_text())
     print(
@@ -380,6 +388,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     if args.action == "train":
         from .trainer import train
 
+        check_writable_dir(args.out)
+
         for e in entries:
             d = zoo.checkpoint_dir(e, args.out)
             if zoo.is_trained(e, args.out):
@@ -463,8 +473,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return runner(args)
     except UserError as e:
-        print(f"robustbench-nacl {args.command}: error: {e}", file=sys.stderr)
+        print(f"robustbench-nacl {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        # the environment failed us (disk full, read-only or vanished directory): one line, not a traceback
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        reason = " ".join(str(e.strerror or e).split())
+        print(f"robustbench-nacl {args.command}: error: {where}{reason}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"robustbench-nacl {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -2,14 +2,15 @@
 
 Settings: in-domain (probe on the pretraining dataset), transfer (probe on another dataset) and
 shift (probe on ArCL-modified versions). Rows are content-addressed: a setting whose rows all
-exist is skipped without loading data or probing, so an interrupted evaluation resumes where it
-stopped and a repeated one is a no-op.
+exist (complete and valid) is skipped without loading data or probing, and a finished row is never
+rewritten, so an interrupted evaluation resumes where it stopped and a repeated one is a no-op.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -27,7 +28,7 @@ from .data import load_dataset, parse_spec
 from .encoders import create_encoder
 from .errors import UserError
 from .foreign import load_encoder
-from .io import sha256_bytes
+from .io import check_writable_dir, sha256_bytes
 from .probe import ProbeConfig, fit_linear_probe
 from .suites import Suite, load_suite
 from .utils import device_name, resolve_device, versions
@@ -102,6 +103,12 @@ def settings_for(
                     raise UserError(f"unknown shift {part!r}; valid choices: all, {', '.join(SHIFT_NAMES)}")
                 base = dataset.split("@", 1)[0]
                 out.append(Setting("shift", f"{base}@{part}", part))
+    for s in out:
+        spec = parse_spec(s.dataset)  # unknown names and bad class lists fail now, not after hours of work
+        if spec.subset is not None and len(spec.subset) < 2:
+            raise UserError(
+                f"dataset {s.dataset!r} has one class: a probe needs at least 2 (e.g. digits:0-4)"
+            )
     return out
 
 
@@ -192,6 +199,9 @@ def evaluate(
     suite = load_suite(suite)
     if n_examples is not None and n_examples < 1:
         raise UserError(f"--n-examples {n_examples}: must be >= 1")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size {batch_size}: must be >= 1")
+    _check_probe(probe)
     encoder, info = load_encoder(checkpoint, arch=arch, fmt=fmt, normalize=normalize)
     encoder = encoder.to(dev).eval()
     dataset = dataset or info.get("dataset")
@@ -204,7 +214,10 @@ def evaluate(
     if control:
         encoder = random_init_like(encoder, info, seed)
         sha = sha256_bytes(st_save({k: v.contiguous().cpu() for k, v in encoder.state_dict().items()}))
-        ckpt_id = f"{info['encoder']}.random-init_{ckpt_id.split('_', 1)[-1].rsplit('_s', 1)[0]}_s{seed}"
+        # <encoder>.random-init_<dataset>_s<seed>, named like a zoo id (the loss part used to be cut
+        # at the first "_", which broke names such as convnet_small or dacl_plus)
+        ds = str(info.get("dataset") or dataset).replace(":", "-").replace("@", "+").replace(",", "_")
+        ckpt_id = f"{info['encoder']}.random-init_{ds}_s{seed}"
         loss, loss_params = "random-init", None
     provenance = {
         "checkpoint": str(checkpoint),
@@ -222,13 +235,19 @@ def evaluate(
     }
     all_rows: list[dict[str, Any]] = []
     todo = settings_for(dataset, transfer, shift)
+    writable = False
     for setting in tqdm(todo, desc=f"eval {ckpt_id}", disable=not progress or len(todo) < 2):
         kw = {"sha": sha, "seed": seed, "n_examples": n_examples, "probe": probe}
-        identities = expected_identities(setting, suite, **kw)
-        paths = [results.row_path(out, results.row_id(i)) for i in identities]
-        if not force and all(p.exists() for p in paths):
-            all_rows += [results.read_row(p) for p in paths]  # already computed: nothing to do
+        ids = [results.row_id(i) for i in expected_identities(setting, suite, **kw)]
+        # complete, valid rows are kept as they are (a truncated or foreign file is recomputed)
+        done = {} if force else {r: results.read_valid_row(results.row_path(out, r), r) for r in ids}
+        done = {r: row for r, row in done.items() if row is not None}
+        if len(done) == len(ids):
+            all_rows += [done[r] for r in ids]  # already computed: nothing to do
             continue
+        if not writable:  # fail before probing and attacking, not at the first write
+            check_writable_dir(Path(out) / results.ROWS_DIR)
+            writable = True
         all_rows += _run_setting(
             encoder,
             setting,
@@ -240,8 +259,32 @@ def evaluate(
             data_root=data_root,
             device=dev,
             progress=progress,
+            keep=done,
+        )
+    # The output directory may have been deleted while we ran: write the vanished rows again, so
+    # that what is returned is what is on disk.
+    vanished = [r for r in all_rows if not results.row_path(out, r["row_id"]).is_file()]
+    for r in vanished:
+        results.write_row(out, r)
+    if vanished:
+        print(
+            f"{len(vanished)} result rows had vanished from {out} during the run; wrote them again",
+            file=sys.stderr,
         )
     return all_rows
+
+
+def _check_probe(probe: ProbeConfig | None) -> None:
+    if probe is None:
+        return
+    if probe.epochs < 1:
+        raise UserError(f"--probe-epochs {probe.epochs}: must be >= 1")
+    if not probe.lr > 0:
+        raise UserError(f"probe lr {probe.lr}: must be > 0")
+    if probe.batch_size < 1:
+        raise UserError(f"probe batch size {probe.batch_size}: must be >= 1")
+    if probe.max_train is not None and probe.max_train < 1:
+        raise UserError(f"probe max_train {probe.max_train}: must be >= 1")
 
 
 def _run_setting(
@@ -256,7 +299,9 @@ def _run_setting(
     data_root: str | None,
     device: torch.device,
     progress: bool,
+    keep: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
+    keep = keep or {}
     t0 = time.perf_counter()
     train = load_dataset(setting.dataset, "train", root=data_root)
     test = load_dataset(setting.dataset, "test", root=data_root)
@@ -312,6 +357,9 @@ def _run_setting(
         }
         row["n_examples"] = identity["n_examples"]
         row["n_examples_evaluated"] = r["n_examples"]
+        if row["row_id"] in keep:  # finished before (an interrupted run): never rewritten
+            written.append(keep[row["row_id"]])
+            continue
         results.write_row(out, row)
         written.append(row)
     return written

@@ -31,6 +31,7 @@ import io
 import json
 import math
 import pickle
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,8 +281,12 @@ def _torch_load(data: bytes, origin: Path) -> Any:
             f"or convert {origin} to safetensors where you trust it"
         )
     try:
-        # weights_only=True passed explicitly, so no environment variable or default can flip it
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        # weights_only=True passed explicitly, so no environment variable or default can flip it.
+        # The loader's warnings (e.g. about an unusual pickle protocol) would break the CLI's
+        # one-line error contract; whether the file is usable is reported by the error, if any.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:
         if "TorchScript" in str(e):
             raise CheckpointError(
@@ -492,7 +497,7 @@ def _load_ours(
             input_shape=input_shape,  # type: ignore[arg-type]
             **dict(manifest.get("encoder_kwargs") or {}),
         )
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RuntimeError) as e:  # RuntimeError: a forged size that cannot be allocated
         raise CheckpointError(f"{manifest_path} has malformed encoder fields ({_first_line(e)})") from None
     # the projection head is not evaluated; the encoder (buffers included) must match exactly
     enc_state = {k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")}
@@ -521,7 +526,7 @@ def _sibling_manifest(path: Path) -> Path | None:
         return None
     try:
         manifest = json.loads(candidate.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return candidate if isinstance(manifest, dict) and manifest.get("weights") == path.name else None
 

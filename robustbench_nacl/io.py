@@ -26,7 +26,7 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
-        raise UserError(f"cannot write {path}: {e.strerror or e}; choose a writable --out directory") from e
+        raise UserError(f"cannot write {path}: {_reason(e)}; choose a writable --out directory") from e
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -36,9 +36,61 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise UserError(f"cannot write {path}: {e.strerror or e}; nothing was written") from e
+        os_error = _os_error_in_chain(e) if isinstance(e, Exception) else None  # not KeyboardInterrupt
+        if os_error is not None:
+            raise UserError(f"cannot write {path}: {_reason(os_error)}; nothing was written") from e
         raise
+    _fsync_dir(path.parent)
+
+
+def _os_error_in_chain(e: BaseException) -> OSError | None:
+    """The OSError behind ``e``, if any: writers such as ``torch.save`` wrap a failed write (disk
+    full) in a RuntimeError whose context is the OSError."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _reason(e: OSError) -> str:
+    """An OSError as a short phrase on one line ("No space left on device")."""
+    return " ".join(str(e.strerror or e).split())
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Persist the rename itself (a crash right after it must not lose the directory entry). Best
+    # effort: some filesystems cannot open or fsync a directory, and the file is complete either way.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def check_writable_dir(path: str | Path) -> None:
+    """Fail early, with a one-line ``UserError``, if files cannot be created in directory ``path``.
+
+    Creates nothing that stays: the nearest existing ancestor must be a directory in which a
+    temporary file can be created (read-only filesystems and permissions are caught, a path whose
+    parent is a file too). Called before expensive work, so that it is not lost at the first write.
+    """
+    path = Path(path)
+    probe = path
+    try:
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise UserError(f"cannot write to {path}: {probe} is not a directory; choose another --out")
+        fd, tmp = tempfile.mkstemp(prefix=".robustbench-nacl-write-test.", suffix=".tmp", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise UserError(f"cannot write to {path}: {_reason(e)}; choose a writable --out directory") from e
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:

@@ -33,6 +33,9 @@ IDENTITY = (
     "suite_sha256",
 )
 
+# Every row carries these besides its identity; a row lacking one is incomplete.
+RESULT_KEYS = ("row_id", "clean_acc", "robust_acc", "n_examples_evaluated", "sanity_ok")
+
 
 def eps_label(eps: float) -> str:
     """0.002 -> '0.51/255': epsilon in /255 units, for humans (the float stays the truth)."""
@@ -65,10 +68,22 @@ def read_row(path: str | Path) -> dict[str, Any]:
     """Parse one row file (a one-line UserError if it is not a JSON object)."""
     try:
         row = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read result row {path}: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+        raise UserError(f"cannot read result row {path}: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(row, dict):
         raise UserError(f"result row {path} is not a JSON object")
+    return row
+
+
+def read_valid_row(path: str | Path, rid: str) -> dict[str, Any] | None:
+    """The row stored at ``path`` if it is complete and is the row ``rid``; None if it is missing,
+    unreadable, truncated or foreign (such a row is recomputed, never trusted)."""
+    try:
+        row = read_row(path)
+    except UserError:
+        return None
+    if row.get("row_id") != rid or any(k not in row for k in (*IDENTITY, *RESULT_KEYS)):
+        return None
     return row
 
 

@@ -157,7 +157,10 @@ def parse_suite_dict(
         raise UserError(f"{source}: 'name' must be a non-empty string, got {short_repr(name)}")
     if not isinstance(data.get("description", ""), str):
         raise UserError(f"{source}: 'description' must be a string")
-    specs = tuple(_parse_spec(e, f"{source}: attack #{i + 1}") for i, e in enumerate(entries))
+    try:
+        specs = tuple(_parse_spec(e, f"{source}: attack #{i + 1}") for i, e in enumerate(entries))
+    except UserError as e:  # names and keys from the file may hold newlines: the error stays one line
+        raise UserError(" ".join(str(e).split())) from None
     digest = hashlib.sha256(canonical_json({"attack": [s.to_dict() for s in specs]}).encode()).hexdigest()
     return Suite(name=name, attacks=specs, sha256=digest, source=source)
 
@@ -191,7 +194,7 @@ def _parse_spec(entry: Any, where: str) -> AttackSpec:
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
     norm = entry.get("norm", info["norms"][0])
-    if norm not in NORMS:
+    if not isinstance(norm, str) or norm not in NORMS:  # a TOML array or table is unhashable
         raise UserError(f"{where}: unknown norm {short_repr(norm)}; valid norms: {', '.join(NORMS)}")
     if norm not in info["norms"]:
         raise UserError(f"{where}: does not support norm {norm}; it supports: {', '.join(info['norms'])}")

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import read_manifest
 from .errors import UserError
 from .io import sha256_file, write_json_atomic
 
 ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
 REPO_ZOO = Path(__file__).resolve().parents[1] / "zoo"
+# ids and zoo names are used as file names: no separators, no leading dot (so never "." or "..")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=,-]{0,199}")
 RECIPE_KEYS = {"epochs": int, "batch_size": int, "lr": float, "weight_decay": float}
 EVAL_KEYS = {
     "transfer": (str, type(None)),
@@ -67,6 +71,11 @@ class ZooEntry:
         )
 
 
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def zoo_root(root: str | Path | None = None) -> Path:
     """The zoo folder: argument > $ROBUSTBENCH_NACL_ZOO > the repository's zoo/."""
     return Path(root or os.environ.get(ZOO_ENV) or REPO_ZOO)
@@ -84,8 +93,8 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
     from .encoders import ENCODERS
     from .losses import resolve
 
-    def bad(msg: str) -> UserError:
-        return UserError(f"zoo manifest {source}: {msg}")
+    def bad(msg: str) -> UserError:  # values from the file may hold newlines: the error stays one line
+        return UserError(" ".join(f"zoo manifest {source}: {msg}".split()))
 
     if not isinstance(data, dict):
         raise bad("must be a JSON object")
@@ -125,15 +134,26 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
             raise bad(f"eval.{k} has the wrong type")
     if data["recipe"].get("epochs", 1) < 1 or data["recipe"].get("batch_size", 2) < 2:
         raise bad("recipe.epochs must be >= 1 and recipe.batch_size >= 2")
+    for k in ("id", "zoo"):
+        if not _SAFE_NAME.fullmatch(data[k]):
+            # ids and zoo names become file and directory names: nothing may point outside --out
+            shown = data[k] if len(data[k]) <= 60 else data[k][:57] + "..."
+            raise bad(f"field {k!r} must be a file-name-safe name (letters, digits, ._+=,-), not {shown!r}")
     sha = data.get("weights_sha256")
     if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
         raise bad("weights_sha256 must be 64 lowercase hex digits")
+    for k, v in data.get("overrides", {}).items():
+        if v is not None and not isinstance(v, str | int | float | bool):
+            raise bad(f"overrides.{k} must be a number, string, boolean or null, not {type(v).__name__}")
     try:
         ENCODERS.get(data["encoder"])
         resolve(data["loss"], dict(data.get("overrides", {})))
         parse_spec(data["dataset"])
     except UserError as e:
         raise bad(str(e)) from None
+    except (TypeError, ValueError) as e:
+        # a JSON value of the wrong type for its loss parameter (e.g. "t": null) reaches the range checks
+        raise bad(f"overrides hold a value of the wrong type for its parameter ({_one_line(e)})") from None
     return ZooEntry(**data)
 
 
@@ -148,8 +168,8 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
     for path in sorted(base.rglob("*.json")):
         try:
             data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"zoo manifest {path}: not valid JSON ({e})") from None
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+            raise UserError(f"zoo manifest {path}: not valid JSON ({_one_line(e)})") from None
         entry = parse_entry(data, str(path))
         if entry.id in entries:
             raise UserError(f"zoo manifest {path}: duplicate id {entry.id!r}")
@@ -195,8 +215,11 @@ def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
     d = checkpoint_dir(entry, out)
     if not is_trained(entry, out):
         return "untrained", str(d)
-    manifest = json.loads((d / "manifest.json").read_text())
-    weights = d / manifest.get("weights", "weights.safetensors")
+    try:
+        manifest = read_manifest(d)
+    except UserError as e:
+        return "changed", str(e)
+    weights = d / manifest["weights"]
     if not weights.is_file():
         return "changed", f"{weights} is missing"
     actual = sha256_file(weights)
