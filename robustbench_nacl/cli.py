@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -188,12 +187,6 @@ def run_train(args: argparse.Namespace) -> int:
         data_root=args.data_root,
         max_train=args.max_train,
     )
-    # torch's Adam raises a bare ValueError for these; say what is wrong instead
-    if not math.isfinite(args.lr):
-        raise UserError(f"--lr {args.lr}: must be a finite number > 0")
-    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
-        raise UserError(f"--weight-decay {args.weight_decay}: must be a finite number >= 0")
-    check_writable_dir(args.out)  # before training, not at the first checkpoint
     out = train(cfg, args.out, device=args.device, resume=args.resume, progress=not args.no_progress)
     manifest = json.loads((out / "manifest.json").read_text())
     print(

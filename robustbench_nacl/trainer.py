@@ -27,7 +27,7 @@ from .data import load_dataset, normalization
 from .encoders import ContrastiveModel, create_encoder
 from .errors import NonFiniteLoss, UserError
 from .features import extract_features, knn_accuracy
-from .io import atomic_open, sha256_file
+from .io import atomic_open, check_writable_dir, sha256_file
 from .losses.objectives import Objective
 from .utils import cpu_threads, device_name, resolve_device, seed_everything, versions
 
@@ -107,8 +107,15 @@ def _validate(cfg: TrainConfig, n_train: int) -> None:
         raise UserError(
             f"--batch-size {cfg.batch_size} exceeds the {n_train} training images of {cfg.dataset}"
         )
-    if cfg.lr <= 0:
-        raise UserError(f"--lr {cfg.lr}: must be > 0")
+
+
+def _validate_settings(cfg: TrainConfig) -> None:
+    # the checks that need no data, run before anything is loaded or written (torch's Adam would
+    # raise a bare ValueError for a bad lr, and a NaN would pass it)
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UserError(f"--lr {cfg.lr}: must be a finite number > 0")
+    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
+        raise UserError(f"--weight-decay {cfg.weight_decay}: must be a finite number >= 0")
     if cfg.precision not in ("fp32", "bf16"):
         raise UserError(f"--precision {cfg.precision!r}; valid choices: fp32, bf16")
 
@@ -224,6 +231,7 @@ def train(
     ``resume=True`` continues from it. Returns the output directory.
     """
     out = Path(out)
+    _validate_settings(cfg)
     dev = resolve_device(device)
     params = losses.resolve(cfg.loss, cfg.overrides)
     need = losses.needs(params)
@@ -237,7 +245,12 @@ def train(
             f"{out} already holds a training run; pass --resume to continue it or choose another --out"
         )
     if manifest_path.exists():
-        raise UserError(f"{out} holds a finished run ({MANIFEST} exists); nothing to resume")
+        return _finished(out, cfg)
+    check_writable_dir(out)  # before loading data and training, not at the first checkpoint
+    if resume:
+        # leftovers of a write that was killed mid-way (atomic_open's temporaries), never read
+        for tmp in out.glob(f".{STATE}.*.tmp"):
+            tmp.unlink(missing_ok=True)
 
     # ============ preparing data ============
     train_set = load_dataset(cfg.dataset, "train", root=cfg.data_root)
@@ -263,7 +276,7 @@ def train(
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start_epoch, elapsed, log_rows = 0, 0.0, []
     if resume and state_path.exists():
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        state = _load_state(state_path)
         if state["config"] != json.loads(json.dumps(cfg.to_dict())):
             raise UserError(f"{out} was started with a different configuration; resume with the same flags")
         model.load_state_dict(state["model"])
@@ -363,6 +376,35 @@ def train(
     write_manifest(out, manifest)
     state_path.unlink(missing_ok=True)
     return out
+
+
+def _finished(out: Path, cfg: TrainConfig) -> Path:
+    """``--resume`` of a run whose manifest was written: nothing to train.
+
+    A kill between writing the manifest and removing ``train_state.pt`` leaves both; the manifest is
+    the last thing training writes, so the run is complete and the state file is only removed.
+    """
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{out / MANIFEST} is unreadable ({e}); delete {out} to train again") from None
+    if not isinstance(manifest, dict) or manifest.get("config") != json.loads(json.dumps(cfg.to_dict())):
+        raise UserError(f"{out} holds a finished run of a different configuration; choose another --out")
+    (out / STATE).unlink(missing_ok=True)
+    return out
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    """``train_state.pt`` (tensors and plain containers only: ``weights_only``), checked for its keys."""
+    keys = ("model", "optimizer", "torch_rng", "config", "epoch", "elapsed", "log")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, not a torch file, or holding objects weights_only refuses
+        reason = " ".join(str(e).split())[:200]
+        raise UserError(f"{path} is unreadable ({reason}); delete it to restart the run") from None
+    if not isinstance(state, dict) or any(k not in state for k in keys):
+        raise UserError(f"{path} is not a training state of this tool; delete it to restart the run")
+    return state
 
 
 def _knn(model: ContrastiveModel, train_set: Any, test_set: Any, cfg: TrainConfig) -> float:

@@ -316,7 +316,11 @@ def test_overrides_are_typed_and_validated() -> None:
         ({"lam": "1.5"}, "lam must lie in [0, 1]"),
         ({"G1": "g9"}, "valid choices: g0, g1, g2"),
         ({"nope": "1"}, "unknown loss parameter"),
-        ({"M": "two"}, "expected a int"),
+        ({"M": "two"}, "expected an integer"),
+        ({"M": 2.5}, "expected an integer"),  # library callers pass values, not strings
+        ({"M": True}, "expected an integer"),
+        ({"t": "warm"}, "expected a number"),
+        ({"G1": 2}, "expected a name"),
         ({"tau_plus": "1"}, "tau_plus must lie in [0, 1)"),
     ]:
         with pytest.raises(UserError, match=None) as e:

@@ -350,7 +350,7 @@ def test_bad_eval_input_is_one_line_exit_2(
 TRAIN_BAD = {
     "lambda < 0": (["--loss", "mixnca", "--set", "lam=-0.1"], ("lam must lie in [0, 1]",)),
     "M < 1": (["--loss", "nca", "--set", "M=-1"], ("M must be >= 1",)),
-    "M not an integer": (["--set", "M=2.5"], ("--set M=2.5: expected a int value",)),
+    "M not an integer": (["--set", "M=2.5"], ("--set M='2.5': expected an integer",)),
     "unknown loss parameter": (
         ["--set", "lamda=0.5"],
         ("unknown loss parameter 'lamda'", "valid parameters: objective"),
@@ -360,7 +360,7 @@ TRAIN_BAD = {
     "adversarial eps < 0": (["--loss", "adv", "--set", "adv_eps=-0.01"], ("must lie in [0, 1]",)),
     "batch size 0": (["--batch-size", "0"], ("at least 2 images",)),
     "epochs 0": (["--epochs", "0"], ("--epochs 0: must be >= 1",)),
-    "lr 0": (["--lr", "0"], ("--lr 0.0: must be > 0",)),
+    "lr 0": (["--lr", "0"], ("--lr 0.0: must be a finite number > 0",)),
     "lr nan": (["--lr", "nan"], ("--lr nan: must be a finite number",)),
     "weight decay < 0": (["--weight-decay", "-1"], ("--weight-decay -1.0: must be",)),
     "encoder width 0": (["--encoder-arg", "width=0"], ("width must be a positive integer",)),
@@ -410,7 +410,7 @@ ZOO_BAD = {
     "not an object": ("[1, 2]", ("must be a JSON object",)),
     "path in id": (json.dumps({**VALID_ENTRY, "id": "../../escape"}), ("file-name-safe",)),
     "path in zoo": (json.dumps({**VALID_ENTRY, "zoo": ".."}), ("file-name-safe",)),
-    "override of the wrong type": (json.dumps({**VALID_ENTRY, "overrides": {"t": None}}), ("wrong type",)),
+    "override of the wrong type": (json.dumps({**VALID_ENTRY, "overrides": {"t": None}}), ("t=None: expected a number",)),
     "override as a list": (json.dumps({**VALID_ENTRY, "overrides": {"M": [3]}}), ("overrides.M must be",)),
     "unknown loss": (json.dumps({**VALID_ENTRY, "loss": "nope"}), ("valid choices: simclr",)),
 }

@@ -92,6 +92,52 @@ def test_refuses_to_overwrite_a_run_and_validates_flags(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+def test_resume_handles_what_a_kill_can_leave(tmp_path: Path) -> None:
+    cfg = TrainConfig(loss="simclr", epochs=1, **TINY)
+    out = train(cfg, tmp_path / "run", progress=False)
+    sha = json.loads((out / "manifest.json").read_text())["weights_sha256"]
+    # killed after the manifest was written, before the state was removed: the run is complete
+    (out / "train_state.pt").write_bytes(b"left over")
+    assert train(cfg, out, resume=True, progress=False) == out
+    assert not (out / "train_state.pt").exists()
+    assert sha256_file(out / "weights.safetensors") == sha
+    other = TrainConfig(loss="simclr", epochs=2, **TINY)
+    with pytest.raises(UserError, match="different configuration"):
+        train(other, out, resume=True, progress=False)
+    # killed mid-way through the first state write: a stale temporary, and no state yet
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / ".train_state.pt.abc123.tmp").write_bytes(b"partial")
+    train(cfg, fresh, resume=True, progress=False)
+    assert sorted(p.name for p in fresh.iterdir()) == ["log.jsonl", "manifest.json", "weights.safetensors"]
+    assert sha256_file(fresh / "weights.safetensors") == sha
+    # a state file that is not one: one clear error naming it, nothing else touched
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train_state.pt").write_bytes(b"not a torch file")
+    with pytest.raises(UserError, match=r"train_state\.pt is unreadable .*delete it"):
+        train(cfg, bad, resume=True, progress=False)
+    assert [p.name for p in bad.iterdir()] == ["train_state.pt"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("lr", float("nan"), "--lr nan"),
+        ("lr", float("inf"), "--lr inf"),
+        ("weight_decay", float("nan"), "--weight-decay nan"),
+        ("weight_decay", -1e-4, "--weight-decay -0.0001"),
+    ],
+)
+def test_optimizer_settings_are_validated_before_training(
+    field: str, value: float, message: str, tmp_path: Path
+) -> None:
+    cfg = TrainConfig(loss="simclr", epochs=1, **TINY, **{field: value})
+    with pytest.raises(UserError, match=message):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_non_finite_loss_stops_with_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = losses.OBJECTIVES.get("contrastive")
 

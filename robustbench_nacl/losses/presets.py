@@ -216,12 +216,15 @@ def list_presets() -> list[str]:
     return PRESETS.names()
 
 
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a name"}
+
+
 def _coerce(name: str, value: Any, current: Any, ftype: Any) -> Any:
-    """Convert a ``--set k=v`` string to the field's type."""
-    if not isinstance(value, str):
-        return value
-    v = value.strip()
+    """Convert a ``--set k=v`` string to the field's type (other values are type-checked as given)."""
     t = str(ftype)
+    if not isinstance(value, str):
+        return _check_type(name, value, t)
+    v = value.strip()
     if v.lower() in ("none", "null") and "None" in t:
         return None
     try:
@@ -236,8 +239,24 @@ def _coerce(name: str, value: Any, current: Any, ftype: Any) -> Any:
         if "float" in t:
             return float(v)
     except ValueError:
-        raise UserError(f"--set {name}={value}: expected a {t.split(' |')[0]} value") from None
+        raise UserError(f"--set {name}={value!r}: expected {_TYPE_WORDS.get(t.split(' |')[0], t)}") from None
     return v
+
+
+def _check_type(name: str, value: Any, t: str) -> Any:
+    """A non-string override (library callers, manifests) must already have the field's type."""
+    if value is None and "None" in t:
+        return None
+    base = t.split(" |")[0]
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "str": False,  # strings never reach here
+    }.get(base, True)
+    if not ok:
+        raise UserError(f"loss parameter {name}={value!r}: expected {_TYPE_WORDS.get(base, base)}")
+    return float(value) if base == "float" else value
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
