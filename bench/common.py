@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -10,7 +9,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,24 +101,6 @@ def emit(figure: dict[str, Any]) -> None:
 def log(msg: str) -> None:
     """Progress on stderr (stdout carries only the JSON lines)."""
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def unfixed_trainer() -> Iterator[None]:
-    """The trainer step as it was before the one-thread fast paths (``small_ops``, ``model_threads``).
-
-    Both become no-ops, so views, loss, backward and optimizer step all run on the configured threads,
-    which is exactly the step code before the change; used to measure the fix side by side.
-    """
-    from robustbench_nacl import trainer
-
-    saved = trainer.small_ops, trainer.model_threads
-    trainer.small_ops = lambda device: contextlib.nullcontext()
-    trainer.model_threads = lambda model, threads: contextlib.nullcontext()
-    try:
-        yield
-    finally:
-        trainer.small_ops, trainer.model_threads = saved
 
 
 def paired_ratios(times: dict[str, list[float]], num: str, den: str) -> list[float]:

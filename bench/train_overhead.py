@@ -6,10 +6,7 @@ Contenders, same process, same model and optimizer, same precision, run alternat
   gather the batch from the uint8 training tensor, batched SimCLR views (``augment.VIEW_MAKERS``), one
   forward per view, the loss from ``losses.OBJECTIVES``, backward, Adam step;
 - ``pure_compute``: the same model on two pre-made float tensors of the views' shape: forward of each,
-  a trivial loss (sum of the products of the two outputs), backward, Adam step;
-- ``trainer_step_unfixed`` (not with ``--quick``): the same step with ``trainer.small_ops`` and
-  ``trainer.model_threads`` disabled, i.e. the step code as it was before the one-thread fast paths,
-  so the fix's effect is measured side by side.
+  a trivial loss (sum of the products of the two outputs), backward, Adam step.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from common import interleaved, log, median, paired_ratios, rounded, unfixed_trainer
+from common import interleaved, log, median, paired_ratios, rounded
 
 TARGET = 1.15
 
@@ -48,7 +45,7 @@ def _setup(encoder: str, batch: int) -> tuple[Any, Any, torch.Tensor, dict[str, 
     return model, step, pool, {"dataset": data, "loss": cfg.loss, "views": params.views}
 
 
-def measure(encoder: str, *, batch: int, reps: int, unfixed: bool) -> dict[str, Any]:
+def measure(encoder: str, *, batch: int, reps: int) -> dict[str, Any]:
     """Interleaved medians and the ratio for one encoder."""
     model, step, pool, data = _setup(encoder, batch)
     optimizer = step.optimizer
@@ -67,10 +64,6 @@ def measure(encoder: str, *, batch: int, reps: int, unfixed: bool) -> dict[str, 
     def trainer_step() -> None:
         step(pool[batch_idx()], y, gen)
 
-    def trainer_step_unfixed() -> None:
-        with unfixed_trainer():  # the step as before the one-thread fast paths
-            step(pool[batch_idx()], y, gen)
-
     def pure_compute() -> None:
         z = [model(v) for v in premade]
         loss = (z[0] * z[1]).sum() if len(z) > 1 else z[0].sum()
@@ -79,8 +72,6 @@ def measure(encoder: str, *, batch: int, reps: int, unfixed: bool) -> dict[str, 
         optimizer.step()
 
     contenders = {"trainer_step": trainer_step, "pure_compute": pure_compute}
-    if unfixed:
-        contenders["trainer_step_unfixed"] = trainer_step_unfixed
     log(f"train_overhead {encoder}: {reps} interleaved repetitions of {list(contenders)}")
     times = interleaved(contenders, reps=reps, warmup=1)
     med = {k: median(v) for k, v in times.items()}
@@ -96,18 +87,13 @@ def measure(encoder: str, *, batch: int, reps: int, unfixed: bool) -> dict[str, 
         **data,
     }
     out["paired_ratios"] = paired_ratios(times, "trainer_step", "pure_compute")
-    if unfixed:
-        out["ratio_unfixed"] = round(med["trainer_step_unfixed"] / med["pure_compute"], 4)
-        out["paired_ratios_unfixed"] = paired_ratios(times, "trainer_step_unfixed", "pure_compute")
     return out
 
 
 def run(args: Any) -> dict[str, Any]:
     """Both encoders; the figure's value is the larger of the two ratios (the target applies to each)."""
     encoders = {"convnet_small": args.reps or 7, "resnet18_cifar": args.reps_resnet or 3}
-    results = {
-        enc: measure(enc, batch=256, reps=reps, unfixed=not args.quick) for enc, reps in encoders.items()
-    }
+    results = {enc: measure(enc, batch=256, reps=reps) for enc, reps in encoders.items()}
     value = max(r["ratio"] for r in results.values())
     return {
         "figure": "train_overhead",

@@ -10,9 +10,7 @@ torch threads, in one process, alternately:
   ``DataLoader`` with 2 workers, two forward passes, HCL's NT-Xent; a fresh loader epoch over the same
   pool each repetition (worker start-up included, as in every real epoch).
 
-- ``pure_compute``: the ceiling, our model's forward/backward/Adam step on pre-made view tensors;
-- ``ours_unfixed`` (not with ``--quick``): ``ours`` with the trainer's one-thread fast paths off
-  (the step code before them), for the before/after comparison.
+- ``pure_compute``: the ceiling, our model's forward/backward/Adam step on pre-made view tensors.
 
 Images/s counts source images (each gives two views on both sides). The GPU target (>= 3 for
 resnet18_cifar) cannot be measured on this machine; the figure says so.
@@ -24,7 +22,7 @@ from typing import Any
 
 import reference
 import torch
-from common import interleaved, log, median, paired_ratios, rounded, unfixed_trainer
+from common import interleaved, log, median, paired_ratios, rounded
 
 TARGET_CPU = 1.2
 TARGET_GPU = 3.0
@@ -81,13 +79,7 @@ def run(args: Any) -> dict[str, Any]:
             loss.backward()
             ours_opt.step()
 
-    def ours_unfixed() -> None:
-        with unfixed_trainer():
-            ours()
-
     contenders = {"ours": ours, "reference": ref, "pure_compute": pure_compute}
-    if not args.quick:
-        contenders["ours_unfixed"] = ours_unfixed
     log(f"train_vs_reference: {reps} interleaved repetitions of {steps} steps x batch {batch}")
     times = interleaved(contenders, reps=reps, warmup=1)
     ips = {k: steps * batch / median(v) for k, v in times.items()}
@@ -105,11 +97,6 @@ def run(args: Any) -> dict[str, Any]:
             "pure_compute_over_reference": round(ips["pure_compute"] / ips["reference"], 4),
             "ours_over_pure_compute": round(ips["ours"] / ips["pure_compute"], 4),
         },
-        **(
-            {"value_unfixed": round(ips["ours_unfixed"] / ips["reference"], 4)}
-            if "ours_unfixed" in ips
-            else {}
-        ),
         "raw_s": {k: rounded(v) for k, v in times.items()},
         "config": {
             "encoder": "convnet_small (width 32) + clae head",

@@ -7,13 +7,10 @@ on what happened before it and a run resumed at an epoch boundary replays exactl
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,7 @@ from .errors import NonFiniteLoss, UserError
 from .features import extract_features, knn_accuracy
 from .io import atomic_open, check_writable_dir, sha256_file
 from .losses.objectives import Objective
-from .utils import cpu_threads, device_name, resolve_device, seed_everything, versions
+from .utils import device_name, resolve_device, seed_everything, versions
 
 STATE = "train_state.pt"
 LOG = "log.jsonl"
@@ -120,42 +117,6 @@ def _validate_settings(cfg: TrainConfig) -> None:
         raise UserError(f"--precision {cfg.precision!r}; valid choices: fp32, bf16")
 
 
-def small_ops(device: torch.device) -> AbstractContextManager[Any]:
-    """One CPU thread for stretches of many tiny ops: batched augmentation and the optimizer step.
-
-    Their ops are elementwise or per sample, so the values are bit-identical on 1 or N threads (the
-    trained weights' sha256 of 12 preset/precision/layout configurations did not change). On a CPU
-    shared with other processes every op on 2 threads can wait a scheduler slice for the second
-    thread: measured there, 2 views of 256 28x28 images took 0.13-0.6 s on 2 threads and 0.015-0.03 s
-    on one, the Adam step of resnet18_cifar 1.26 s against 0.07 s (bench/README.md). No-op on GPUs.
-    """
-    return cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def model_threads(model: torch.nn.Module, threads: int) -> Iterator[None]:
-    """Inside a one-thread region, run ``model``'s forward passes on ``threads`` threads.
-
-    Hooks on ``model`` (removed on exit) switch to ``threads`` before each forward and back to one
-    thread after it, so that only the small ops around the model (the loss's similarities and
-    estimators on (2B, d) tensors) run on one thread. Backward passes are left alone: their values
-    do depend on the thread count (``softmax`` backward of the g2 estimator differs in the last bit).
-    """
-
-    def to_model(*_: Any) -> None:
-        torch.set_num_threads(threads)
-
-    def to_one(*_: Any) -> None:
-        torch.set_num_threads(1)
-
-    handles = [model.register_forward_pre_hook(to_model), model.register_forward_hook(to_one)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 class TrainStep:
     """The trainer's optimisation step: draw the views, forward them, the loss, backward, optimizer step.
 
@@ -186,8 +147,7 @@ class TrainStep:
 
     def views(self, x: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
         """The batch's views, as the loss sees them (channels_last when configured)."""
-        with small_ops(self.device):
-            views = self.view_maker(x, self.need.n_views, gen, **self.view_kwargs)
+        views = self.view_maker(x, self.need.n_views, gen, **self.view_kwargs)
         if self.cfg.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
         return views
@@ -196,24 +156,14 @@ class TrainStep:
         self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     ) -> tuple[float, dict[str, float]]:
         views = self.views(x, gen)
-        threads = torch.get_num_threads()
-        # On CPU the loss's own forward ops (tiny tensors) run on one thread like the views and the
-        # optimizer step; the model's passes and every backward pass keep all threads (adversarial
-        # objectives take an input gradient inside the loss: they keep all threads throughout).
-        split = self.device.type == "cpu" and threads > 1 and not self.need.adversarial
-        with contextlib.ExitStack() as stack:
-            if split:
-                stack.enter_context(small_ops(self.device))
-                stack.enter_context(model_threads(self.model, threads))
-            with self.autocast:
-                loss, stats = self.objective.loss(self.model, views, y, self.params, gen, self.cfg.fuse_views)
+        with self.autocast:
+            loss, stats = self.objective.loss(self.model, views, y, self.params, gen, self.cfg.fuse_views)
         value = loss.item()
         if not math.isfinite(value):
             raise NonFiniteLoss(f"non-finite loss ({value})")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        with small_ops(self.device):
-            self.optimizer.step()
+        self.optimizer.step()
         return value, stats
 
 

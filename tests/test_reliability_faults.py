@@ -334,7 +334,7 @@ def test_read_only_out_is_one_line_exit_2_before_any_work(
         out = ro / "out"
         # probing or training would be wasted work: the check must come before it
         monkeypatch.setattr(sys.modules["robustbench_nacl.evaluate"], "_run_setting", _must_not_run)
-        monkeypatch.setattr(trainer, "train", _must_not_run)
+        monkeypatch.setattr(trainer, "load_dataset", _must_not_run)  # train() checks before loading data
         args = eval_args(ckpt, out) if command == "eval" else train_args(out)
         rc, _, err = cli(args, capsys)
         line = one_line_error(rc, err, str(out), command=command)

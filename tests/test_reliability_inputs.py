@@ -410,7 +410,10 @@ ZOO_BAD = {
     "not an object": ("[1, 2]", ("must be a JSON object",)),
     "path in id": (json.dumps({**VALID_ENTRY, "id": "../../escape"}), ("file-name-safe",)),
     "path in zoo": (json.dumps({**VALID_ENTRY, "zoo": ".."}), ("file-name-safe",)),
-    "override of the wrong type": (json.dumps({**VALID_ENTRY, "overrides": {"t": None}}), ("t=None: expected a number",)),
+    "override of the wrong type": (
+        json.dumps({**VALID_ENTRY, "overrides": {"t": None}}),
+        ("expected a number",),
+    ),
     "override as a list": (json.dumps({**VALID_ENTRY, "overrides": {"M": [3]}}), ("overrides.M must be",)),
     "unknown loss": (json.dumps({**VALID_ENTRY, "loss": "nope"}), ("valid choices: simclr",)),
 }
