@@ -51,7 +51,7 @@ class TrainConfig:
     knn_k: int = 200
     knn_t: float = 0.1
     precision: str = "fp32"  # "fp32" | "bf16" (autocast; the loss itself is always fp32)
-    channels_last: bool = False
+    channels_last: bool = True  # NHWC convolutions: 1.2-1.6x faster training steps on CPU (bench/)
     data_root: str | None = None
     max_train: int | None = None  # use only the first N training images (documented demo budgets)
     id: str | None = None  # checkpoint id; default <encoder>.<preset>_<dataset>_s<seed>
