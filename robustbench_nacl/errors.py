@@ -8,6 +8,11 @@ class UserError(Exception):
 
     exit_code = 2
 
+    def __init__(self, message: str = "") -> None:
+        # Messages quote user input (option names, paths, manifest fields), which may itself hold
+        # line breaks; the one-line contract is kept here rather than at every raise.
+        super().__init__(" ".join(str(message).splitlines()))
+
 
 class DatasetNotFound(UserError):
     """A named dataset is neither on disk nor downloadable."""

@@ -602,3 +602,15 @@ def test_fuzz_forged_checkpoint_manifest_only_user_errors(data, run_dir: Path, t
         assert not encoder.training
     except UserError as e:
         assert "\n" not in str(e)
+
+
+def test_line_breaks_in_forged_fields_stay_on_one_line(run_dir: Path, tmp_path: Path) -> None:
+    """The case CI's fuzzing found: an option name with a line break is echoed in the error message."""
+    d = tmp_path / "forged"
+    shutil.copytree(run_dir, d)
+    manifest = json.loads((d / MANIFEST).read_text())
+    manifest["encoder_kwargs"] = {"\n": None, "a\r\nb": 1}
+    (d / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="does not take option") as e:
+        load_encoder(d)
+    assert "\n" not in str(e.value) and "\r" not in str(e.value)
