@@ -25,6 +25,7 @@ FIGURES = {
     "probe_speedup": "probe_speedup",
     "attack_sweep_ratio": "attack_sweep_ratio",
     "peak_rss_mb": "peak_rss_mb",
+    "channels_last": "channels_last",
     "gpu_epoch": "gpu_epoch",
 }
 

@@ -5,8 +5,9 @@ Contenders, same process, same model and optimizer, same precision, run alternat
 - ``trainer_step``: ``robustbench_nacl.trainer.TrainStep``, the code ``train()`` runs for every batch:
   gather the batch from the uint8 training tensor, batched SimCLR views (``augment.VIEW_MAKERS``), one
   forward per view, the loss from ``losses.OBJECTIVES``, backward, Adam step;
-- ``pure_compute``: the same model on two pre-made float tensors of the views' shape: forward of each,
-  a trivial loss (sum of the products of the two outputs), backward, Adam step.
+- ``pure_compute``: the same model on pre-made views (``TrainStep.views`` of one batch, made once, so of
+  the same shape, dtype and memory format): forward of each, a trivial loss (sum of the products of the
+  two outputs), backward, Adam step.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def measure(encoder: str, *, batch: int, reps: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(1)
     y = torch.zeros(batch, dtype=torch.long)
     _, c, h, w = pool.shape
-    premade = [torch.rand(batch, c, h, w) for _ in range(n_views)]
+    # the trainer's own views of one batch, made once: same shapes, dtype and memory format
+    premade = step.views(pool[:batch], torch.Generator().manual_seed(2))
     perm = torch.randperm(len(pool), generator=gen)  # the trainer draws one permutation per epoch
     slot = {"i": 0}
 
@@ -104,6 +106,7 @@ def run(args: Any) -> dict[str, Any]:
         "config": {
             "encoders": results,
             "precision": "fp32",
+            "memory_format": "channels_last (train's default), model and views",
             "optimizer": "Adam lr 3e-4",
             "pure_compute": "forward of each pre-made view tensor, sum(z1*z2), backward, Adam step",
             "method": "same process and model, contenders alternated, median of the repetitions",

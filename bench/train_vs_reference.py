@@ -18,6 +18,7 @@ resnet18_cifar) cannot be measured on this machine; the figure says so.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import reference
@@ -42,13 +43,14 @@ def run(args: Any) -> dict[str, Any]:
     params = losses.resolve(cfg.loss)
     device = torch.device("cpu")
 
-    def model_and_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def model_and_opt(c: TrainConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
-        m = build_model(cfg, params, channels=1, size=(28, 28), num_classes=10).to(device)
-        return m, torch.optim.Adam(m.parameters(), lr=cfg.lr)
+        m = build_model(c, params, channels=1, size=(28, 28), num_classes=10).to(device)
+        return m, torch.optim.Adam(m.parameters(), lr=c.lr)
 
-    ours_model, ours_opt = model_and_opt()
-    ref_model, ref_opt = model_and_opt()
+    ours_model, ours_opt = model_and_opt(cfg)  # as train() builds it: channels-last by default
+    # the same weights in NCHW, the only layout the public HCL/DCL code uses
+    ref_model, ref_opt = model_and_opt(dataclasses.replace(cfg, channels_last=False))
     step = TrainStep(cfg, params, ours_model, ours_opt)
     gen = torch.Generator().manual_seed(0)
     dataset = reference.PairDataset(pool_x, pool_y, reference.simclr_transform(28))
@@ -67,7 +69,7 @@ def run(args: Any) -> dict[str, Any]:
         seen = reference.train_steps(ref_model, loader, ref_opt, temperature=params.t, device=device)
         assert seen == steps * batch
 
-    premade = [torch.rand(batch, 1, 28, 28) for _ in range(2)]
+    premade = step.views(pool_x[:batch], torch.Generator().manual_seed(1))  # made once, as the trainer feeds
 
     def pure_compute() -> None:
         # the ceiling: the same model's forward/backward/step on pre-made views, no data pipeline at all
@@ -105,6 +107,7 @@ def run(args: Any) -> dict[str, Any]:
             "steps_per_repetition": steps,
             "repetitions": reps,
             "precision": "fp32",
+            "memory_format": {"ours": "channels_last (train's default)", "reference": "NCHW"},
             "optimizer": "Adam lr 3e-4",
             "ours": "TrainStep, simclr preset: batched views of the uint8 tensor, ColorJitter(.8,.8,.8,.2)",
             "reference": (

@@ -79,7 +79,12 @@ def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Gener
 def build_model(
     cfg: TrainConfig, params: losses.LossParams, *, channels: int, size: tuple[int, int], num_classes: int
 ) -> ContrastiveModel:
-    """Encoder (with its normalisation) + head, as the loss's declared needs ask."""
+    """Encoder (with its normalisation) + head, as the loss's declared needs ask, in ``cfg``'s memory format.
+
+    The memory format is set here, not by each caller, so that everything that builds the trainer's
+    model (``train``, the benchmarks) runs the kernels ``train`` runs: channels-last weights under the
+    channels-last views ``TrainStep`` feeds when ``cfg.channels_last``.
+    """
     need = losses.needs(params)
     mean, std = normalization(cfg.dataset)
     encoder = create_encoder(
@@ -92,7 +97,8 @@ def build_model(
         **cfg.encoder_kwargs,
     )
     # dual BN in the head exactly when the encoder has it (ContrastiveModel's default)
-    return ContrastiveModel(encoder, params.head, out_dim=num_classes if need.labels else None)
+    model = ContrastiveModel(encoder, params.head, out_dim=num_classes if need.labels else None)
+    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
 def _validate(cfg: TrainConfig, n_train: int) -> None:
@@ -221,8 +227,6 @@ def train(
     model = build_model(cfg, params, channels=channels, size=(h, w), num_classes=train_set.num_classes).to(
         dev
     )
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start_epoch, elapsed, log_rows = 0, 0.0, []
     if resume and state_path.exists():
