@@ -49,7 +49,8 @@ def run(args: Any) -> dict[str, Any]:
     )
     params = losses.resolve(cfg.loss)
     torch.manual_seed(0)
-    model = build_model(cfg, params, channels=3, size=(32, 32), num_classes=100).to(dev)  # channels_last
+    # NHWC: build_model applies cfg.channels_last
+    model = build_model(cfg, params, channels=3, size=(32, 32), num_classes=100).to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     step = TrainStep(cfg, params, model, optimizer)
     g = torch.Generator(device=dev).manual_seed(0)

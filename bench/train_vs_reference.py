@@ -1,8 +1,9 @@
 """Figure ``train_vs_reference``: images/s of our trainer over a reference-style (HCL/DCL) pipeline.
 
-Both train the same model (``convnet_small`` + CLAE head, built by ``trainer.build_model``) on the same
-Fashion-MNIST images (28x28) with the same batch size, precision (fp32), optimizer (Adam 3e-4) and
-torch threads, in one process, alternately:
+Both train the same model (``convnet_small`` + CLAE head, built by ``trainer.build_model`` from the same
+seed) on the same Fashion-MNIST images (28x28) with the same batch size, precision (fp32), optimizer
+(Adam 3e-4) and torch threads, in one process, alternately. Ours is in ``train``'s default
+channels-last memory format, the reference in NCHW, as the public HCL/DCL code runs it:
 
 - ``ours``: ``trainer.TrainStep`` (what ``train()`` runs per batch) over a fresh permutation of a
   pool of ``steps * batch`` images held as one uint8 tensor;
@@ -10,7 +11,8 @@ torch threads, in one process, alternately:
   ``DataLoader`` with 2 workers, two forward passes, HCL's NT-Xent; a fresh loader epoch over the same
   pool each repetition (worker start-up included, as in every real epoch).
 
-- ``pure_compute``: the ceiling, our model's forward/backward/Adam step on pre-made view tensors.
+- ``pure_compute``: the ceiling, our model's forward/backward/Adam step on pre-made views (the
+  trainer's own views of one batch, made once).
 
 Images/s counts source images (each gives two views on both sides). The GPU target (>= 3 for
 resnet18_cifar) cannot be measured on this machine; the figure says so.
