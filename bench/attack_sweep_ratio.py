@@ -6,7 +6,7 @@ trainer's step code (supervised preset, a short Fashion-MNIST budget), so that c
 realistic (a few SimCLR steps + a probe gave ~30-55 %, which would let us skip most examples). The
 examples are the first ``n`` Fashion-MNIST test images. Alternately, in one process:
 
-- ``ours``: ``robustbench_nacl.benchmark(model, x, y, "paper")``: FGSM at 0.002..0.032 and PGD at
+- ``ours``: ``robustbench_nacl.eval.benchmark(model, x, y, "paper")``: FGSM at 0.002..0.032 and PGD at
   0.002 (10 steps of 0.01, 2 restarts), including everything it does besides attacking (clean
   predictions, the per-model sanity checks, the eps-0 check, random-noise accuracy per eps, the
   threat-model check of every batch, the worst-case rows);
@@ -33,9 +33,9 @@ PGD = {"eps": 0.002, "alpha": 0.01, "steps": 10, "restarts": 2}
 def _classifier(quick: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Train a classifier with our trainer's step code, return it frozen as the attacked model."""
     from robustbench_nacl import losses
-    from robustbench_nacl.data import load_dataset
-    from robustbench_nacl.probe import ProbedClassifier
-    from robustbench_nacl.trainer import TrainConfig, TrainStep, build_model
+    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.eval.probe import ProbedClassifier
+    from robustbench_nacl.train.trainer import TrainConfig, TrainStep, build_model
 
     n_train, epochs = (1024, 1) if quick else (4096, 3)
     cfg = TrainConfig(
@@ -87,7 +87,7 @@ def run(args: Any) -> dict[str, Any]:
     import torchattacks
 
     import robustbench_nacl as rbn
-    from robustbench_nacl.data import load_dataset
+    from robustbench_nacl.data.datasets import load_dataset
 
     n = 200 if args.quick else 500
     reps = args.reps or (1 if args.quick else 3)

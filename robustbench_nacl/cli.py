@@ -132,7 +132,7 @@ def _losses_args(p: argparse.ArgumentParser) -> None:
 def run_encoders(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from .encoders import ENCODERS
+    from .models.encoders import ENCODERS
 
     rows = [[n, ENCODERS.info(n).get("description", "")] for n in ENCODERS.names()]
     print(tabulate(rows, headers=["encoder", "description"], tablefmt="github"))
@@ -147,7 +147,7 @@ def _encoders_args(p: argparse.ArgumentParser) -> None:
 def run_datasets(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from .data import DATASETS
+    from .data.datasets import DATASETS
 
     rows = [
         [n, DATASETS.info(n).get("num_classes"), DATASETS.info(n).get("how_to_get", "")]
@@ -167,7 +167,7 @@ def _datasets_args(p: argparse.ArgumentParser) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from .losses import parse_overrides
-    from .trainer import TrainConfig, train
+    from .train.trainer import TrainConfig, train
 
     cfg = TrainConfig(
         loss=args.loss,
@@ -242,12 +242,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate, transfer_default
-    from .probe import ProbeConfig
+    from .eval.evaluate import evaluate, transfer_default
+    from .eval.probe import ProbeConfig
 
     transfer = args.transfer
     if transfer == "auto":
-        from .foreign import load_encoder
+        from .models.foreign import load_encoder
 
         _, info = load_encoder(args.checkpoint, arch=args.arch, fmt=args.format, normalize=args.normalize)
         transfer = transfer_default(args.dataset or info.get("dataset") or "")
@@ -349,7 +349,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_leaderboard(args: argparse.Namespace) -> int:
-    from .leaderboard import main_leaderboard
+    from .report.leaderboard import main_leaderboard
 
     files = main_leaderboard(args.rows, args.out, headline_eps=args.headline_eps, command=" ".join(sys.argv))
     for name, path in files.items():
@@ -384,7 +384,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         return 0
     entries = [zoo.find_entry(i) for i in args.ids] if args.ids else zoo.load_zoo(args.zoo)
     if args.action == "train":
-        from .trainer import train
+        from .train.trainer import train
 
         check_writable_dir(args.out)
 

@@ -116,7 +116,7 @@ def _init_worker() -> None:
 
 
 def _train_job(entry: ZooEntry, ckpts: str, plan: DemoPlan, device: str) -> str:
-    from .trainer import train
+    from .train.trainer import train
 
     d = checkpoint_dir(entry, ckpts)
     cfg = entry.train_config(max_train=plan.max_train, knn_every=max(plan.epochs, 1))
@@ -125,8 +125,8 @@ def _train_job(entry: ZooEntry, ckpts: str, plan: DemoPlan, device: str) -> str:
 
 
 def _eval_job(ckpt: str, out: str, plan: DemoPlan, device: str, control: bool) -> int:
-    from .evaluate import evaluate
-    from .probe import ProbeConfig
+    from .eval.evaluate import evaluate
+    from .eval.probe import ProbeConfig
 
     rows = evaluate(
         ckpt,
@@ -185,8 +185,8 @@ def run_demo(
     progress: bool = True,
 ) -> dict[str, Path]:
     """Train the demo zoo, evaluate every entry plus a random-init control, render the leaderboard."""
-    from .leaderboard import render_leaderboard
-    from .results import load_rows
+    from .eval.rows import load_rows
+    from .report.leaderboard import render_leaderboard
 
     plan = DEMOS.get(dataset)["quick" if quick else "full"]
     base = Path(out) / ("quick" if quick else "full")

@@ -104,6 +104,11 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
+def canonical_json(obj: Any) -> str:
+    """The one canonical JSON of the project (sorted keys, no spaces, no NaN): what hashes are taken of."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()

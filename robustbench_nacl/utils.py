@@ -45,7 +45,7 @@ def device_name(device: torch.device | str) -> str:
 
 def versions() -> dict[str, Any]:
     """Package versions recorded in manifests and result rows."""
-    from . import __version__
+    from ._version import __version__
 
     return {
         "robustbench_nacl": __version__,

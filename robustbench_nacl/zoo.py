@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import read_manifest
 from .errors import UserError
 from .io import sha256_file, write_json_atomic
+from .models.checkpoint import read_manifest
 
 ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
 REPO_ZOO = Path(__file__).resolve().parents[1] / "zoo"
@@ -55,7 +55,7 @@ class ZooEntry:
 
     def train_config(self, data_root: str | None = None, **extra: Any) -> Any:
         """The TrainConfig this entry describes."""
-        from .trainer import TrainConfig
+        from .train.trainer import TrainConfig
 
         return TrainConfig(
             loss=self.loss,
@@ -89,9 +89,9 @@ def expected_id(encoder: str, loss: str, dataset: str, seed: int, tag: str = "")
 
 def parse_entry(data: Any, source: str) -> ZooEntry:
     """Validate one manifest; every problem is a one-line UserError naming the file and the field."""
-    from .data import parse_spec
-    from .encoders import ENCODERS
+    from .data.datasets import parse_spec
     from .losses import resolve
+    from .models.encoders import ENCODERS
 
     def bad(msg: str) -> UserError:  # values from the file may hold newlines: the error stays one line
         return UserError(" ".join(f"zoo manifest {source}: {msg}".split()))

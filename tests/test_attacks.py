@@ -15,11 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from robustbench_nacl import attacks as A
-from robustbench_nacl.attacks import ATTACKS, autoattack_plan, project, resolve_attack, run_attack
-from robustbench_nacl.errors import SanityError, UserError
-from robustbench_nacl.sanity import check_perturbation
-from robustbench_nacl.suites import (
+from robustbench_nacl.attack import attacks as A
+from robustbench_nacl.attack.attacks import ATTACKS, autoattack_plan, project, resolve_attack, run_attack
+from robustbench_nacl.attack.suites import (
     AttackSpec,
     Suite,
     load_suite,
@@ -27,6 +25,8 @@ from robustbench_nacl.suites import (
     parse_suite_text,
     suite_names,
 )
+from robustbench_nacl.errors import SanityError, UserError
+from robustbench_nacl.eval.sanity import check_perturbation
 
 torchattacks = pytest.importorskip("torchattacks")
 

@@ -8,7 +8,7 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
-from robustbench_nacl import augment as A
+from robustbench_nacl.augment import views as A
 from robustbench_nacl.errors import UserError
 
 TV_OPS = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)

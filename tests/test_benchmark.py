@@ -11,9 +11,9 @@ import pytest
 from _models import digits_data, digits_model, one_thread
 from torch import Tensor, nn
 
-from robustbench_nacl.benchmark import WORST_CASE, benchmark, derive_seed, eps_label
+from robustbench_nacl.attack.suites import load_suite
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.suites import load_suite
+from robustbench_nacl.eval.benchmark import WORST_CASE, benchmark, derive_seed, eps_label
 
 SUITE = {
     "attack": [

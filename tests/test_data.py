@@ -1,4 +1,4 @@
-"""Tests for robustbench_nacl.data: every loader is run on tiny fixtures in the real file formats."""
+"""Tests for robustbench_nacl.data.datasets: every loader is run on tiny fixtures in the real file formats."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from fixtures import (  # tests/ is on sys.path under pytest's default import mo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from robustbench_nacl import data
-from robustbench_nacl.data import (
+from robustbench_nacl.data import datasets as data
+from robustbench_nacl.data.datasets import (
     DATASETS,
     ENV_VAR,
     DatasetSpec,
@@ -219,9 +219,9 @@ def _fake_augment(monkeypatch, calls: list[tuple[int, int]]) -> None:
         return (x + 0.2 * torch.rand(x.shape[0], 1, 1, 1, generator=gen)).clamp(0, 1)
 
     shifts.add("noise", noise)
-    module = types.ModuleType("robustbench_nacl.augment")
+    module = types.ModuleType("robustbench_nacl.augment.views")
     module.SHIFTS = shifts
-    monkeypatch.setitem(sys.modules, "robustbench_nacl.augment", module)
+    monkeypatch.setitem(sys.modules, "robustbench_nacl.augment.views", module)
 
 
 def test_shift_plumbing(monkeypatch):
@@ -252,7 +252,7 @@ def test_shift_plumbing(monkeypatch):
 
 
 def test_real_shifts_deterministic_and_effective(tmp_path):
-    from robustbench_nacl.augment import SHIFTS
+    from robustbench_nacl.augment.views import SHIFTS
 
     assert set(SHIFTS.names()) == {"grayscale", "crop", "flip", "jitter", "grayscale+jitter"}
     write_cifar10(tmp_path, n_train=50, n_test=20)

@@ -9,7 +9,8 @@ import torch
 import torchvision
 from torch import nn
 
-from robustbench_nacl.encoders import (
+from robustbench_nacl.errors import UserError
+from robustbench_nacl.models.encoders import (
     ENCODERS,
     HEADS,
     ContrastiveModel,
@@ -23,7 +24,6 @@ from robustbench_nacl.encoders import (
     set_bn_route,
     strip_dual_bn,
 )
-from robustbench_nacl.errors import UserError
 
 # Input shapes per encoder (C, H, W); anything registered later falls back on its declared input kind.
 SHAPES = {

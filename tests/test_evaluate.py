@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from robustbench_nacl.evaluate import evaluate, settings_for, transfer_default
-from robustbench_nacl.probe import ProbeConfig
-from robustbench_nacl.results import IDENTITY, load_rows
-from robustbench_nacl.trainer import TrainConfig, train
+from robustbench_nacl.eval.evaluate import evaluate, settings_for, transfer_default
+from robustbench_nacl.eval.probe import ProbeConfig
+from robustbench_nacl.eval.rows import IDENTITY, load_rows
+from robustbench_nacl.train.trainer import TrainConfig, train
 
 QUICK = {"n_examples": 40, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress": False}
 

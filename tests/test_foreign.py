@@ -15,10 +15,11 @@ import torchvision
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from robustbench_nacl import checkpoint
-from robustbench_nacl.encoders import ContrastiveModel, create_encoder, has_dual_bn
 from robustbench_nacl.errors import CheckpointError, UserError
-from robustbench_nacl.foreign import (
+from robustbench_nacl.io import sha256_bytes
+from robustbench_nacl.models import checkpoint
+from robustbench_nacl.models.encoders import ContrastiveModel, create_encoder, has_dual_bn
+from robustbench_nacl.models.foreign import (
     FORMATS,
     NORMALIZATIONS,
     convert_state_dict,
@@ -27,7 +28,6 @@ from robustbench_nacl.foreign import (
     load_foreign_encoder,
     read_state_dict,
 )
-from robustbench_nacl.io import sha256_bytes
 
 PACKAGE = Path(__file__).resolve().parents[1] / "robustbench_nacl"
 WIDTH = 16

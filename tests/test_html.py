@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from robustbench_nacl.html import embed_json
-from robustbench_nacl.leaderboard import main_leaderboard
+from robustbench_nacl.report.html import embed_json
+from robustbench_nacl.report.leaderboard import main_leaderboard
 
 ROWS = Path(__file__).parent / "data" / "leaderboard" / "rows"
 CHROMIUM = Path("/usr/bin/chromium")

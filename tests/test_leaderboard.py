@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.leaderboard import aggregate, main_leaderboard, rank_entries, render_leaderboard
-from robustbench_nacl.results import load_rows
+from robustbench_nacl.eval.rows import load_rows
+from robustbench_nacl.report.leaderboard import aggregate, main_leaderboard, rank_entries, render_leaderboard
 
 DATA = Path(__file__).parent / "data" / "leaderboard"
 ROWS = DATA / "rows"

@@ -25,7 +25,8 @@ from robustbench_nacl.losses import (
     w_hat,
 )
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "reference_pair_losses_b8.json"
+# Values from the public DCL/HCL reference code; provenance in data/golden/README.md.
+GOLDEN = Path(__file__).parent / "data" / "golden" / "reference_pair_losses_b8.json"
 ESTIMATOR_OF = {"simclr": "g0", "debiased": "g1", "hardneg": "g2", "debiased_hardneg": "g2"}
 REQUIRED_PRESETS = [
     "simclr",

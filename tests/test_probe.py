@@ -7,9 +7,15 @@ import dataclasses
 import torch
 from torch import nn
 
-from robustbench_nacl.data import load_dataset
-from robustbench_nacl.encoders import create_encoder
-from robustbench_nacl.probe import ProbeConfig, ProbedClassifier, _train_head, fit_knn_probe, fit_linear_probe
+from robustbench_nacl.data.datasets import load_dataset
+from robustbench_nacl.eval.probe import (
+    ProbeConfig,
+    ProbedClassifier,
+    _train_head,
+    fit_knn_probe,
+    fit_linear_probe,
+)
+from robustbench_nacl.models.encoders import create_encoder
 
 
 def _encoder() -> nn.Module:

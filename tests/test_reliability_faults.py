@@ -42,13 +42,14 @@ from _reliability import (
 from conftest import run_cli
 
 from robustbench_nacl import io as rio
-from robustbench_nacl import results, trainer
-from robustbench_nacl.checkpoint import read_manifest
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.evaluate import evaluate
+from robustbench_nacl.eval import rows as results
+from robustbench_nacl.eval.evaluate import evaluate
+from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.io import sha256_file, write_bytes_atomic, write_json_atomic
-from robustbench_nacl.probe import ProbeConfig
-from robustbench_nacl.trainer import train
+from robustbench_nacl.models.checkpoint import read_manifest
+from robustbench_nacl.train import trainer
+from robustbench_nacl.train.trainer import train
 
 QUICK = {"suite": "quick", "n_examples": 40, "probe": ProbeConfig(epochs=30), "progress": False}
 
@@ -333,7 +334,7 @@ def test_read_only_out_is_one_line_exit_2_before_any_work(
     with _read_only_dir(tmp_path / "ro") as ro:
         out = ro / "out"
         # probing or training would be wasted work: the check must come before it
-        monkeypatch.setattr(sys.modules["robustbench_nacl.evaluate"], "_run_setting", _must_not_run)
+        monkeypatch.setattr(sys.modules["robustbench_nacl.eval.evaluate"], "_run_setting", _must_not_run)
         monkeypatch.setattr(trainer, "load_dataset", _must_not_run)  # train() checks before loading data
         args = eval_args(ckpt, out) if command == "eval" else train_args(out)
         rc, _, err = cli(args, capsys)

@@ -32,13 +32,13 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from robustbench_nacl import zoo
-from robustbench_nacl.checkpoint import MANIFEST, WEIGHTS
-from robustbench_nacl.encoders import create_encoder
+from robustbench_nacl.attack.suites import parse_suite_text
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.foreign import load_encoder
 from robustbench_nacl.io import sha256_bytes
-from robustbench_nacl.suites import parse_suite_text
-from robustbench_nacl.trainer import train
+from robustbench_nacl.models.checkpoint import MANIFEST, WEIGHTS
+from robustbench_nacl.models.encoders import create_encoder
+from robustbench_nacl.models.foreign import load_encoder
+from robustbench_nacl.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))

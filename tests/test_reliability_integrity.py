@@ -26,18 +26,20 @@ from _models import digits_data, digits_model, one_thread, small_cnn
 from _reliability import TINY
 from torch import Tensor, nn
 
-from robustbench_nacl import attacks
-from robustbench_nacl.benchmark import derive_seed
+from robustbench_nacl.attack import attacks
+from robustbench_nacl.attack.suites import load_suite
 from robustbench_nacl.errors import SanityError
-from robustbench_nacl.evaluate import evaluate
-from robustbench_nacl.foreign import load_encoder
+from robustbench_nacl.eval.benchmark import derive_seed
+from robustbench_nacl.eval.evaluate import evaluate
+from robustbench_nacl.eval.probe import ProbeConfig, ProbedClassifier
+from robustbench_nacl.eval.sanity import noise_accuracy
 from robustbench_nacl.io import sha256_file
-from robustbench_nacl.probe import ProbeConfig, ProbedClassifier
-from robustbench_nacl.sanity import noise_accuracy
-from robustbench_nacl.suites import load_suite
-from robustbench_nacl.trainer import train
+from robustbench_nacl.models.foreign import load_encoder
+from robustbench_nacl.train.trainer import train
 
-BENCH = sys.modules["robustbench_nacl.benchmark"]  # the module: the package rebinds the name to the function
+BENCH = sys.modules[
+    "robustbench_nacl.eval.benchmark"
+]  # the module: the package rebinds the name to the function
 SUITE = {
     "attack": [
         {"name": "fgsm", "norm": "Linf", "eps": [0.05, 0.3, 0.5]},

@@ -8,9 +8,9 @@ import torch
 from _models import accuracy, digits_data, digits_model, one_thread, small_cnn
 from torch import Tensor, nn
 
-from robustbench_nacl.benchmark import benchmark
 from robustbench_nacl.errors import SanityError
-from robustbench_nacl.sanity import (
+from robustbench_nacl.eval.benchmark import benchmark
+from robustbench_nacl.eval.sanity import (
     chance_level,
     check_batch_independence,
     check_deterministic,

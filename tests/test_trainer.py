@@ -14,10 +14,10 @@ import torch
 from conftest import run_cli
 
 from robustbench_nacl import losses
-from robustbench_nacl.checkpoint import load_state
 from robustbench_nacl.errors import NonFiniteLoss, UserError
 from robustbench_nacl.io import sha256_file
-from robustbench_nacl.trainer import TrainConfig, train
+from robustbench_nacl.models.checkpoint import load_state
+from robustbench_nacl.train.trainer import TrainConfig, train
 
 TINY = {
     "dataset": "digits:0-2",

@@ -63,7 +63,7 @@ def test_a_pinned_sha_that_differs_is_reported(tmp_path: Path) -> None:
     e = _entry(tmp_path)
     import dataclasses
 
-    from robustbench_nacl.trainer import train
+    from robustbench_nacl.train.trainer import train
 
     train(e.train_config(), zoo.checkpoint_dir(e, tmp_path / "c"), progress=False)
     assert zoo.verify_entry(e, tmp_path / "c")[0] == "ok"

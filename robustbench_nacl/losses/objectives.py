@@ -99,7 +99,7 @@ def adversarial_view(model: nn.Module, x: Tensor, p: LossParams) -> Tensor:
     auxiliary BatchNorm (train mode) when ``dual_bn``; no random start and, as in CLAE, no clamp
     to the image range. ``autograd.grad`` w.r.t. the input leaves parameter gradients untouched.
     """
-    from ..encoders import bn_route
+    from ..models.encoders import bn_route
 
     x = x.detach()
     with bn_route(model, "adv" if p.dual_bn else "clean"):
@@ -147,7 +147,7 @@ def contrastive_loss(
     fuse: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """``L_NaCl(G1, M, lam) + alpha * L_Robust(G2, w)`` on one batch of views; returns (loss, stats)."""
-    from ..encoders import bn_route
+    from ..models.encoders import bn_route
 
     z = encode(model, views, fuse)
     rows = AGGREGATORS.get(p.positives)(model, views, z, p, gen, fuse)

@@ -272,7 +272,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
 
 def validate(p: LossParams) -> LossParams:
     """Check every parameter's range; a one-line UserError names the bad one and its valid range."""
-    from .. import augment  # lazy: augment imports torch ops only
+    from ..augment import views as augment  # lazy: augment imports torch ops only
 
     def bad(msg: str) -> UserError:
         return UserError(f"invalid loss parameter: {msg}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import math
 import os
 import re
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
+from ..io import canonical_json
 from .attacks import (
     NORMS,
     TORCHATTACKS_PREFIX,
@@ -38,7 +39,6 @@ from .attacks import (
     short_repr,
     torchattacks_params,
 )
-from .errors import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,7 +46,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 ENV_DIR = "ROBUSTBENCH_NACL_ATTACKS"
-REPO_SUITES_DIR = Path(__file__).resolve().parents[1] / "attacks"
+REPO_SUITES_DIR = Path(__file__).resolve().parents[2] / "attacks"
 TOP_LEVEL_KEYS = ("attack", "name", "description")
 SPEC_KEYS = ("name", "norm", "eps")
 # Largest meaningful eps per threat model: an Linf ball of radius 1 already contains every image.
@@ -76,11 +76,6 @@ class Suite:
     attacks: tuple[AttackSpec, ...]
     sha256: str
     source: str = field(default="", compare=False)
-
-
-def canonical_json(obj: Any) -> str:
-    """Deterministic JSON: sorted keys, no whitespace, no NaN."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def suite_dirs() -> list[Path]:

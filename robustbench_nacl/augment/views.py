@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import UserError
-from .registry import Registry
+from ..errors import UserError
+from ..registry import Registry
 
 __all__ = [
     "BRIGHTNESS",

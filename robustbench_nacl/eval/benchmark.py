@@ -20,8 +20,11 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .attacks import attack_info, model_device, run_attack
-from .errors import UserError
+from ..attack.attacks import attack_info, model_device, run_attack
+from ..attack.suites import Suite, load_suite
+from ..attack.threat import eps_label
+from ..errors import UserError
+from ..io import canonical_json
 from .sanity import (
     SANITY_N,
     TOL_EXAMPLES,
@@ -30,17 +33,10 @@ from .sanity import (
     model_checks,
     noise_accuracy,
 )
-from .suites import Suite, canonical_json, load_suite
 
 WORST_CASE = "worst_case"
 # CPU: a 256-image batch is past the throughput knee for small CNNs and ResNet-18 (PERF_RELIABILITY 2.2).
 DEFAULT_BATCH = {"cpu": 256, "cuda": 1024}
-
-
-def eps_label(eps: float) -> str:
-    """Human-readable eps in /255 units, e.g. 0.002 -> "0.51/255", 8/255 -> "8/255"."""
-    v = f"{eps * 255:.2f}".rstrip("0").rstrip(".")
-    return f"{v}/255"
 
 
 def derive_seed(seed: int, *parts: Any) -> int:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .io import write_json_atomic
+from ..attack.threat import eps_label  # noqa: F401  (re-exported for renderers)
+from ..errors import UserError
+from ..io import write_json_atomic
 
 ROWS_DIR = "rows"
 
@@ -35,12 +35,6 @@ IDENTITY = (
 
 # Every row carries these besides its identity; a row lacking one is incomplete.
 RESULT_KEYS = ("row_id", "clean_acc", "robust_acc", "n_examples_evaluated", "sanity_ok")
-
-
-def eps_label(eps: float) -> str:
-    """0.002 -> '0.51/255': epsilon in /255 units, for humans (the float stays the truth)."""
-    v = eps * 255
-    return f"{round(v)}/255" if math.isclose(v, round(v), abs_tol=1e-9) else f"{v:.2f}/255"
 
 
 def row_id(identity: dict[str, Any]) -> str:

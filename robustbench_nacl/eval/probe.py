@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .data import ImageData
-from .features import extract_features, knn_accuracy
-from .utils import cpu_threads
+from ..data.datasets import ImageData
+from ..models.features import extract_features, knn_accuracy
+from ..utils import cpu_threads
 
 
 class ProbedClassifier(nn.Module):

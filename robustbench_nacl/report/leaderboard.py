@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
-from .errors import UserError
-from .io import write_bytes_atomic
-from .results import eps_label, load_rows
+from ..errors import UserError
+from ..eval.rows import eps_label, load_rows
+from ..io import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

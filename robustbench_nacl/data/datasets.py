@@ -45,9 +45,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .errors import DatasetNotFound, UserError
-from .io import atomic_open
-from .registry import Registry
+from ..errors import DatasetNotFound, UserError
+from ..io import atomic_open
+from ..registry import Registry
 
 __all__ = [
     "DATASETS",
@@ -275,7 +275,7 @@ def _parse_classes(spec: str, name: str, text: str) -> tuple[int, ...]:
 
 
 def _shift_names() -> list[str]:
-    from .augment import SHIFTS  # lazy: augment imports torchvision transforms; data must not need it
+    from ..augment.views import SHIFTS  # lazy: augment imports torchvision transforms; data must not need it
 
     return SHIFTS.names()
 
@@ -287,7 +287,7 @@ def _shift_seed(name: str, shift: str, split: str) -> int:
 
 def _apply_shift(x: torch.Tensor, shift: str, seed: int) -> torch.Tensor:
     """Shift uint8 images in chunks; per-image random parameters all come from one seeded generator."""
-    from .augment import SHIFTS
+    from ..augment.views import SHIFTS
 
     fn = SHIFTS.get(shift)
     gen = torch.Generator().manual_seed(seed)

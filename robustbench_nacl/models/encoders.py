@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UserError
-from .registry import Registry
+from ..errors import UserError
+from ..registry import Registry
 
 __all__ = [
     "ENCODERS",

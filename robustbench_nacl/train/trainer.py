@@ -18,15 +18,16 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from . import augment, losses
-from .checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
-from .data import load_dataset, normalization
-from .encoders import ContrastiveModel, create_encoder
-from .errors import NonFiniteLoss, UserError
-from .features import extract_features, knn_accuracy
-from .io import atomic_open, check_writable_dir, sha256_file
-from .losses.objectives import Objective
-from .utils import device_name, resolve_device, seed_everything, versions
+from .. import losses
+from ..augment import views as augment
+from ..data.datasets import load_dataset, normalization
+from ..errors import NonFiniteLoss, UserError
+from ..io import atomic_open, check_writable_dir, sha256_file
+from ..losses.objectives import Objective
+from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
+from ..models.encoders import ContrastiveModel, create_encoder
+from ..models.features import extract_features, knn_accuracy
+from ..utils import device_name, resolve_device, seed_everything, versions
 
 STATE = "train_state.pt"
 LOG = "log.jsonl"

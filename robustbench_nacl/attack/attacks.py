@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .errors import UserError
-from .registry import Registry
-from .sanity import check_perturbation
+from ..errors import UserError
+from ..registry import Registry
+from .threat import check_perturbation
 
 
 class Attack(Protocol):

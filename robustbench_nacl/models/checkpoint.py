@@ -16,8 +16,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from .errors import CheckpointError
-from .io import sha256_bytes, write_bytes_atomic, write_json_atomic
+from ..errors import CheckpointError
+from ..io import sha256_bytes, write_bytes_atomic, write_json_atomic
 
 WEIGHTS = "weights.safetensors"
 MANIFEST = "manifest.json"

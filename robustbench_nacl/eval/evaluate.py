@@ -22,16 +22,16 @@ from safetensors.torch import save as st_save
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import results
+from ..attack.suites import Suite, load_suite
+from ..data.datasets import load_dataset, parse_spec
+from ..errors import UserError
+from ..io import check_writable_dir, sha256_bytes
+from ..models.encoders import create_encoder
+from ..models.foreign import load_encoder
+from ..utils import device_name, resolve_device, versions
+from . import rows as results
 from .benchmark import WORST_CASE, benchmark
-from .data import load_dataset, parse_spec
-from .encoders import create_encoder
-from .errors import UserError
-from .foreign import load_encoder
-from .io import check_writable_dir, sha256_bytes
 from .probe import ProbeConfig, fit_linear_probe
-from .suites import Suite, load_suite
-from .utils import device_name, resolve_device, versions
 
 SHIFT_NAMES = ("grayscale", "crop", "flip", "jitter", "grayscale+jitter")
 # Parameters shown as a recipe's "key parameters" when they differ from SimCLR's defaults.
@@ -67,7 +67,7 @@ def key_params(loss_params: dict[str, Any] | None) -> str:
     """Compact description of a recipe's loss parameters (those differing from SimCLR's)."""
     if not loss_params:
         return ""
-    from .losses import LossParams
+    from ..losses import LossParams
 
     default = LossParams().to_dict()
     parts = [
@@ -81,7 +81,7 @@ def transfer_default(dataset: str) -> str | None:
     spec = parse_spec(dataset)
     if spec.subset is None:
         return None
-    from .data import DATASETS
+    from ..data.datasets import DATASETS
 
     n = DATASETS.info(spec.name)["num_classes"]
     rest = [c for c in range(n) if c not in spec.subset]

@@ -27,18 +27,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import SanityError, UserError
+from ..attack.threat import check_perturbation
+from ..errors import SanityError, UserError
 
 SANITY_N = 128
 # Cross-row comparisons allow this many examples of slack (random starts differ between attacks).
 TOL_EXAMPLES = 2
 # Flags that signal a problem when True (all other boolean flags signal a problem when False).
 BAD_WHEN_TRUE = frozenset({"sanity_possible_gradient_masking"})
-
-_PERTURBATION_NORMS: dict[str, Callable[[Tensor], Tensor]] = {
-    "Linf": lambda d: d.flatten(1).abs().amax(1),
-    "L2": lambda d: d.flatten(1).norm(dim=1),
-}
 
 
 def _head(x: Tensor, n: int) -> Tensor:
@@ -189,7 +185,7 @@ def unbounded_accuracy(
     Starts from the clean image (no random start): at eps = 1 a random start alone destroys the
     image and would hide a model whose gradients are useless.
     """
-    from .attacks import pgd  # lazy: attacks imports this module
+    from ..attack.attacks import pgd  # lazy: attacks imports this module
 
     xs, ys = _head(x, n), _head(y, n)
     x_adv = pgd(
@@ -197,30 +193,6 @@ def unbounded_accuracy(
     )
     check_perturbation(xs, x_adv, 1.0, "Linf", what="unbounded PGD")
     return float((_forward(model, x_adv).argmax(1) == ys).float().mean())
-
-
-def check_perturbation(x: Tensor, x_adv: Tensor, eps: float, norm: str, *, what: str = "attack") -> None:
-    """Raise ``SanityError`` unless ``x_adv`` has x's shape, is finite, in [0,1] and within the eps-ball.
-
-    Tolerance: ``eps + 1e-6`` (for L2 the slack scales with eps above 1, as float32 norms do).
-    """
-    if norm not in _PERTURBATION_NORMS:
-        raise UserError(f"unknown norm {norm!r}; valid norms: {', '.join(_PERTURBATION_NORMS)}")
-    if not isinstance(x_adv, Tensor) or x_adv.shape != x.shape:
-        got = tuple(x_adv.shape) if isinstance(x_adv, Tensor) else type(x_adv).__name__
-        raise SanityError(f"{what} returned {got}, expected a tensor of shape {tuple(x.shape)}")
-    if len(x) == 0:
-        return
-    xa = x_adv.detach().double()
-    if not bool(torch.isfinite(xa).all()):
-        raise SanityError(f"{what} returned non-finite values")
-    lo, hi = float(xa.min()), float(xa.max())
-    if lo < -1e-6 or hi > 1 + 1e-6:
-        raise SanityError(f"{what} left the [0,1] image box (min {lo:.3g}, max {hi:.3g})")
-    size = float(_PERTURBATION_NORMS[norm](xa - x.detach().double()).max())
-    tol = 1e-6 * (max(1.0, eps) if norm == "L2" else 1.0)
-    if size > eps + tol:
-        raise SanityError(f"{what} left the {norm} ball: perturbation {size:.6g} > eps {eps:.6g}")
 
 
 def chance_level(y: Tensor, num_classes: int) -> float:

@@ -41,6 +41,10 @@ import torch
 from torch import Tensor, nn
 from torch.torch_version import TorchVersion
 
+from ..errors import CheckpointError, UserError
+from ..io import sha256_bytes
+from ..registry import Registry
+from ..utils import refuse_unsafe_torch_env
 from .checkpoint import (
     MANIFEST,
     check_finite,
@@ -50,10 +54,6 @@ from .checkpoint import (
     resolve_manifest_path,
 )
 from .encoders import create_encoder, strip_dual_bn
-from .errors import CheckpointError, UserError
-from .io import sha256_bytes
-from .registry import Registry
-from .utils import refuse_unsafe_torch_env
 
 __all__ = [
     "FORMATS",

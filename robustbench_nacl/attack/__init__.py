@@ -1,0 +1,1 @@
+"""Threat models, attacks and attack suites."""

@@ -1,0 +1,1 @@
+"""Batched augmentation: SimCLR views, DACL mixups, Gaussian positives, ArCL shifts."""

@@ -1,0 +1,1 @@
+"""Datasets as uint8 tensors: registry, class subsets, shifts, on-disk readers."""

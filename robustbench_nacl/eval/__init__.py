@@ -1,0 +1,1 @@
+"""Evaluation: probe, sanity checks, benchmark, evaluate, result rows."""

@@ -1,0 +1,1 @@
+"""Encoders, heads, dual BatchNorm, frozen feature extraction and checkpoints (ours and foreign)."""

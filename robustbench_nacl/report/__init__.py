@@ -1,0 +1,1 @@
+"""Rendering result rows: aggregation, Markdown, CSV/JSON, figures, the static page."""

@@ -1,0 +1,1 @@
+"""Training: config, step, resumable loop, manifest."""
