@@ -330,7 +330,21 @@ def test_binary_mix_takes_each_value_from_self_or_partner() -> None:
     xp = x[idx]
     from_partner = out == xp
     assert bool((from_partner | (out == x)).all())
-    assert abs(from_partner.float().mean().item() - 0.3) < 0.02  # rho = fraction from the partner (D14)
+    assert abs(from_partner.float().mean().item() - 0.3) < 0.02  # rho = fraction from the partner (default)
+    # DACL as printed: m ~ Bernoulli(rho) keeps the anchor's own value, so 70 % come from the partner.
+    keep = A.binary_mix(x, _gen(23), rho=0.3, mode="keep")
+    assert abs((keep == xp).float().mean().item() - 0.7) < 0.02
+    with pytest.raises(ValueError, match="mix_rho_mode"):
+        A.binary_mix(x, _gen(23), rho=0.3, mode="partner")
+
+
+def test_dacl_view_makers_pass_the_rho_mode() -> None:
+    x = (torch.rand(32, 1, 8, 8, generator=_gen(40)) * 255).to(torch.uint8)
+    for name in ("dacl_binary", "dacl_plus"):
+        maker = A.VIEW_MAKERS.get(name)
+        a = maker(x, 2, _gen(41), mix_rho=0.0, mix_rho_mode="from_partner")
+        b = maker(x, 2, _gen(41), mix_rho=0.0, mix_rho_mode="keep")
+        assert not torch.equal(a[0], b[0])  # rho = 0 keeps everything in one mode, nothing in the other
 
 
 def test_dacl_plus_choices() -> None:
@@ -349,7 +363,7 @@ def test_gaussian_noise_unclamped() -> None:
     out = A.gaussian_noise(x, _gen(26), scale=0.3)
     noise = out - x
     assert abs(noise.mean().item()) < 0.01 and abs(noise.std().item() - 0.3) < 0.01
-    assert out.min() < 0 and out.max() > 1  # D15: not clamped
+    assert out.min() < 0 and out.max() > 1  # additive noise, not clamped (docs/decisions.md)
 
 
 def test_mixes_work_on_feature_vectors_and_mix_with() -> None:

@@ -4,20 +4,20 @@ Everything works on float tensors ``(B, C, H, W)`` in [0, 1] with ``C`` in {1, 3
 they live on. Random parameters are drawn **per sample** from an explicit ``torch.Generator`` (on the
 generator's device), so a run is reproducible and resumable from the generator state. This avoids the
 torchvision-v2-on-a-batch pitfall (one random draw for the whole batch: 64 identical inputs give 1
-distinct view; PERF_RELIABILITY §3), which a test guards against.
+distinct view), which a test guards against.
 
 Contents
 --------
-* The SimCLR/CLAE policy used by NaCl (SEED_SPEC §3.1): RandomResizedCrop(input size, scale (0.08, 1),
+* The SimCLR/CLAE policy used by NaCl (docs/decisions.md, 'Augmentation'): RandomResizedCrop(input size, scale (0.08, 1),
   ratio (3/4, 4/3)), horizontal flip p=0.5, ColorJitter(0.8s, 0.8s, 0.8s, 0.2s) with p=0.8 in a random
   per-sample op order, RandomGrayscale p=0.2, no blur: :class:`SimCLRAug`, :func:`sample_params`,
   :func:`apply`, :func:`simclr_views`. For given parameters the result equals torchvision's functional
   tensor ops applied sample by sample (``resized_crop(antialias=True)``, ``hflip``, ``adjust_*``,
   ``rgb_to_grayscale``) up to float rounding; ``tests/test_augment.py`` checks this.
-* DACL positives (SEED_SPEC §1.14, decisions D14/D15): :func:`linear_mix`, :func:`geometric_mix`,
+* DACL positives (docs/decisions.md, 'DACL positives'): :func:`linear_mix`, :func:`geometric_mix`,
   :func:`binary_mix`, :func:`dacl_plus_mix`, :func:`gaussian_noise`, plus :func:`mix_with` (MIXNCA).
 * :data:`VIEW_MAKERS`: name -> ``fn(x, n_views, gen, **params) -> list[Tensor]`` used by the trainer.
-* :data:`SHIFTS`: the ArCL distribution-shift transformations Aug1..Aug5 (SEED_SPEC §4.3).
+* :data:`SHIFTS`: the ArCL distribution-shift transformations Aug1..Aug5 (docs/decisions.md, 'Shift setting').
 """
 
 from __future__ import annotations
@@ -594,7 +594,7 @@ def _check_n_views(n_views: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# DACL positives (SEED_SPEC §1.14): mix every sample with a random *other* sample of the batch
+# DACL positives: mix every sample with a random *other* sample of the batch
 # --------------------------------------------------------------------------------------------------
 
 
@@ -650,7 +650,7 @@ def _check_nonneg(x: Tensor) -> None:
 
 
 def geometric_mix(x: Tensor, gen: torch.Generator, alpha: float) -> Tensor:
-    """Geometric-Mixup positive ``x^lam * x~^(1 - lam)``, ``lam ~ U(alpha, 1)``; needs ``x >= 0`` (gotcha 15).
+    """Geometric-Mixup positive ``x^lam * x~^(1 - lam)``, ``lam ~ U(alpha, 1)``; needs ``x >= 0``.
 
     Geometric mixing does not commute with normalisation, so apply it to [0, 1] pixels; negative inputs
     would give NaNs and raise ``ValueError``.
@@ -659,23 +659,38 @@ def geometric_mix(x: Tensor, gen: torch.Generator, alpha: float) -> Tensor:
     return _geometric(x, _partners(x, gen), _lambdas(x, gen, alpha))
 
 
-def _binary_mask(x: Tensor, gen: torch.Generator, rho: float) -> Tensor:
+#: How ``rho`` reads in Binary-Mixup: "from_partner" (default: the fraction of values taken from the
+#: partner) or "keep" (DACL as printed: m ~ Bernoulli(rho) keeps the anchor's own values).
+RHO_MODES = ("from_partner", "keep")
+
+
+def _binary_mask(x: Tensor, gen: torch.Generator, rho: float, mode: str = "from_partner") -> Tensor:
+    """True where a value comes from the partner."""
     _check_unit("mix rho", rho)
-    return (torch.rand(x.shape, generator=gen, device=gen.device) < float(rho)).to(x.device)
+    if mode not in RHO_MODES:
+        raise ValueError(f"mix_rho_mode must be one of {RHO_MODES}, got {mode!r}")
+    take = float(rho) if mode == "from_partner" else 1.0 - float(rho)
+    return (torch.rand(x.shape, generator=gen, device=gen.device) < take).to(x.device)
 
 
-def binary_mix(x: Tensor, gen: torch.Generator, rho: float) -> Tensor:
+def binary_mix(x: Tensor, gen: torch.Generator, rho: float, mode: str = "from_partner") -> Tensor:
     """Binary-Mixup positive: every feature (pixel value) is taken from the partner with probability ``rho``.
 
-    DECISION D14: ``rho`` is the fraction swapped in from the partner, so small ``rho`` keeps the positive
-    close to the anchor.
+    ``mode="from_partner"`` (default): ``rho`` is the fraction swapped in from the partner, so small
+    ``rho`` keeps the positive close to the anchor; ``mode="keep"``: DACL as printed, ``rho`` is the
+    probability of keeping the anchor's value (docs/decisions.md, 'DACL positives').
     """
     xp = _partners(x, gen)
-    return torch.where(_binary_mask(x, gen, rho), xp, x)
+    return torch.where(_binary_mask(x, gen, rho, mode), xp, x)
 
 
 def dacl_plus_mix(
-    x: Tensor, gen: torch.Generator, alpha: float, rho: float, choice: Tensor | None = None
+    x: Tensor,
+    gen: torch.Generator,
+    alpha: float,
+    rho: float,
+    choice: Tensor | None = None,
+    mode: str = "from_partner",
 ) -> Tensor:
     """DACL+ positive: per sample one of {linear, geometric, binary} mixing (0, 1, 2), chosen at random.
 
@@ -688,7 +703,7 @@ def dacl_plus_mix(
         choice = torch.randint(0, 3, (b,), generator=gen, device=gen.device)
     xp = _partners(x, gen)
     lam = _lambdas(x, gen, alpha)
-    mask = _binary_mask(x, gen, rho)
+    mask = _binary_mask(x, gen, rho, mode)
     c = _bcast(choice.to(x.device), x)
     lin = mix_with(x, xp, lam)
     geo = _geometric(x, xp, lam)
@@ -697,7 +712,7 @@ def dacl_plus_mix(
 
 
 def gaussian_noise(x: Tensor, gen: torch.Generator, scale: float) -> Tensor:
-    """DACL's Gaussian baseline ``x + scale * N(0, I)`` (DECISION D15: the listed "mean" is the scale).
+    """DACL's Gaussian baseline ``x + scale * N(0, I)`` (the listed "mean" is the scale: docs/decisions.md, 'DACL positives').
 
     Not clamped to [0, 1]: DACL defines it as additive isotropic noise (on tabular features it has no
     range to clamp to); clamping would make the noise non-Gaussian and biased towards the image interior
@@ -772,16 +787,22 @@ def _dacl_geometric_maker(
     return [geometric_mix(xf, gen, mix_alpha) for _ in range(n_views)]
 
 
-@VIEW_MAKERS.register("dacl_binary", params=("mix_rho",), bounded=True)
+@VIEW_MAKERS.register("dacl_binary", params=("mix_rho", "mix_rho_mode"), bounded=True)
 def _dacl_binary_maker(
-    x: Tensor, n_views: int, gen: torch.Generator, /, mix_rho: float = 0.1, **_: Any
+    x: Tensor,
+    n_views: int,
+    gen: torch.Generator,
+    /,
+    mix_rho: float = 0.1,
+    mix_rho_mode: str = "from_partner",
+    **_: Any,
 ) -> list[Tensor]:
     """Each view a Binary-Mixup of the raw image (a fraction ``mix_rho`` of values from the partner)."""
     xf = _float_views(x, n_views)
-    return [binary_mix(xf, gen, mix_rho) for _ in range(n_views)]
+    return [binary_mix(xf, gen, mix_rho, mix_rho_mode) for _ in range(n_views)]
 
 
-@VIEW_MAKERS.register("dacl_plus", params=("mix_alpha", "mix_rho"), bounded=True)
+@VIEW_MAKERS.register("dacl_plus", params=("mix_alpha", "mix_rho", "mix_rho_mode"), bounded=True)
 def _dacl_plus_maker(
     x: Tensor,
     n_views: int,
@@ -789,12 +810,13 @@ def _dacl_plus_maker(
     /,
     mix_alpha: float = 0.9,
     mix_rho: float = 0.1,
+    mix_rho_mode: str = "from_partner",
     **_: Any,
 ) -> list[Tensor]:
     """DACL+: one mixing type per sample (shared by its views), fresh partner/lambda/mask per view."""
     xf = _float_views(x, n_views)
     choice = torch.randint(0, 3, (xf.shape[0],), generator=gen, device=gen.device)
-    return [dacl_plus_mix(xf, gen, mix_alpha, mix_rho, choice=choice) for _ in range(n_views)]
+    return [dacl_plus_mix(xf, gen, mix_alpha, mix_rho, choice=choice, mode=mix_rho_mode) for _ in range(n_views)]
 
 
 @VIEW_MAKERS.register("gaussian", params=("noise_scale",), bounded=False)
@@ -807,7 +829,7 @@ def _gaussian_maker(
 
 
 # --------------------------------------------------------------------------------------------------
-# ArCL distribution shifts (SEED_SPEC §4.3, Aug1..Aug5): fn(x float (N, C, H, W) in [0, 1], gen)
+# ArCL distribution shifts (Aug1..Aug5): fn(x float (N, C, H, W) in [0, 1], gen)
 # --------------------------------------------------------------------------------------------------
 
 Shift = Callable[[Tensor, torch.Generator], Tensor]

@@ -3,14 +3,14 @@
 Contract: an encoder is an ``nn.Module`` from images in [0,1] of shape (B, C, H, W) to features h of
 shape (B, feature_dim). Input normalisation lives inside it as the persistent buffers ``mean`` and
 ``std`` (shape (1, C, 1, 1)), so attacks, epsilon, clamping and mixing are all in pixel space and a
-checkpoint carries its own normalisation (SEED_SPEC gotcha 14). The linear probe and every attack use
-this un-normalised h; the projection head is only for the contrastive loss (gotcha 13).
+checkpoint carries its own normalisation (docs/decisions.md, 'The attacked model'). The linear probe and every attack use
+this un-normalised h; the projection head is only for the contrastive loss.
 
 The network proper sits under ``encoder.backbone``. The ResNets reproduce torchvision's parameter and
 buffer names exactly (``conv1.weight``, ``layer1.0.downsample.1.running_mean``, ...), so a torchvision
 state dict without ``fc.*`` loads into ``encoder.backbone`` with ``strict=True``.
 
-Dual BatchNorm (CLAE / AdvProp, SEED_SPEC 1.5, gotchas 18 and 21): with ``dual_bn=True`` every
+Dual BatchNorm (CLAE / AdvProp; docs/decisions.md, 'Adversarial positives'): with ``dual_bn=True`` every
 BatchNorm becomes a :class:`DualBatchNorm` with a clean branch ``.main`` and an adversarial branch
 ``.aux`` (momentum 0.01). :func:`bn_route` temporarily switches all of them; the default route, and
 hence evaluation, is the clean branch. :func:`strip_dual_bn` exports the clean branch as a plain
@@ -322,7 +322,7 @@ def _init_weights(module: nn.Module) -> None:
 class ResNetBackbone(nn.Module):
     """A torchvision-layout ResNet without ``fc``, returning the globally average-pooled features.
 
-    ``stem="cifar"``: 3x3/1 conv1 and no max-pool (SEED_SPEC 3.1, gotcha 29); ``stem="imagenet"``:
+    ``stem="cifar"``: 3x3/1 conv1 and no max-pool (the CIFAR ResNet of SimCLR/CLAE/NaCl); ``stem="imagenet"``:
     torchvision's 7x7/2 conv1 + 3x3/2 max-pool. ``width`` is the base width (64 = the standard nets);
     stage widths are ``width * (1, 2, 4, 8)`` and the feature dimension ``8 * width * expansion``.
     """
@@ -574,7 +574,7 @@ def create_encoder(
 
 @HEADS.register(
     "clae",
-    description="Linear(d,512)-ReLU-Linear(512,64): CLAE/NaCl projection head (SEED_SPEC D2)",
+    description="Linear(d,512)-ReLU-Linear(512,64): CLAE/NaCl projection head",
     hidden=512,
     out_dim=64,
 )
@@ -654,7 +654,7 @@ class ContrastiveModel(nn.Module):
 
     ``head`` is a module or a registered head name; with a name, ``hidden``/``out_dim`` are passed to
     :func:`create_head`, and ``dual_bn=None`` gives the head dual BatchNorm exactly when the encoder has it.
-    Probing and attacks use ``model.encoder`` alone (SEED_SPEC gotcha 13).
+    Probing and attacks use ``model.encoder`` alone (the projection head is discarded).
     """
 
     def __init__(

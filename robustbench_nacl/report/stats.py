@@ -1,0 +1,126 @@
+"""Uncertainty and paired significance for accuracies measured on the same test examples.
+
+- :func:`wilson_interval`: a 95 % interval for one accuracy over test examples (one seed);
+- :func:`t_interval`: a 95 % interval for the mean accuracy over training seeds (n >= 2);
+- :func:`mcnemar`: McNemar's exact test of two classifiers on the same examples, from their
+  per-example outcomes; :func:`mcnemar_combined` pools the discordant pairs of several seeds (seed
+  s of the candidate against seed s of the baseline) into one exact test;
+- :func:`paired_difference`: the accuracy difference with its interval (over seeds, or over
+  examples for one seed);
+- :func:`holm`: Holm's step-down correction across the comparisons of a table.
+
+scipy provides the distributions; nothing here is approximate where an exact test exists.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+def wilson_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for ``k`` successes out of ``n`` (accuracy of one seed over examples)."""
+    if n <= 0:
+        return (math.nan, math.nan)
+    z = float(stats.norm.ppf(0.5 + conf / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def t_interval(values: Sequence[float], conf: float = 0.95) -> tuple[float, float]:
+    """Student-t interval for the mean of ``values`` (seeds); NaN bounds for fewer than two values."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return (math.nan, math.nan)
+    mean, sem = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+    q = float(stats.t.ppf(0.5 + conf / 2, df=len(x) - 1))
+    return (mean - q * sem, mean + q * sem)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """Discordant counts and the exact two-sided p-value.
+
+    ``b``: the baseline right and the candidate wrong; ``c``: the reverse.
+    """
+
+    b: int
+    c: int
+    p: float
+
+
+def _exact_p(b: int, c: int) -> float:
+    # Under H0 each discordant example is equally likely to favour either model: c ~ Bin(b + c, 1/2).
+    return 1.0 if b + c == 0 else float(stats.binomtest(c, b + c, 0.5).pvalue)
+
+
+def discordant(baseline: np.ndarray, candidate: np.ndarray) -> tuple[int, int]:
+    """(b, c) for two boolean per-example outcome vectors of the same examples."""
+    base, cand = np.asarray(baseline, dtype=bool), np.asarray(candidate, dtype=bool)
+    if base.shape != cand.shape:
+        raise ValueError(f"outcome vectors differ in length: {base.shape} vs {cand.shape}")
+    return int((base & ~cand).sum()), int((~base & cand).sum())
+
+
+def mcnemar(baseline: np.ndarray, candidate: np.ndarray) -> McNemar:
+    """McNemar's exact test for one seed."""
+    b, c = discordant(baseline, candidate)
+    return McNemar(b, c, _exact_p(b, c))
+
+
+def mcnemar_combined(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> McNemar:
+    """McNemar's exact test over seeds: discordant pairs pooled over (baseline, candidate) pairs.
+
+    Conditioning on the discordant examples of every seed, each favours either model with
+    probability 1/2 under H0 independently, so the pooled ``c`` is Bin(b + c, 1/2).
+    """
+    bs, cs = zip(*(discordant(b, c) for b, c in pairs), strict=True) if pairs else ((), ())
+    b, c = int(sum(bs)), int(sum(cs))
+    return McNemar(b, c, _exact_p(b, c))
+
+
+def paired_difference(
+    pairs: Sequence[tuple[np.ndarray, np.ndarray]], conf: float = 0.95
+) -> tuple[float, float, float, str]:
+    """Candidate minus baseline accuracy, with its interval and how it was made.
+
+    Two or more seeds: a t-interval over the per-seed paired differences ("t over seeds"). One
+    seed: the Wald interval of a paired difference of proportions over examples ("wald over
+    examples"), ``(c - b)/n +- z sqrt(b + c - (c - b)^2/n)/n``.
+    """
+    if not pairs:
+        return (math.nan, math.nan, math.nan, "none")
+    diffs = []
+    for base, cand in pairs:
+        b, c = discordant(base, cand)
+        diffs.append((c - b) / len(base))
+    if len(pairs) >= 2:
+        lo, hi = t_interval(diffs, conf)
+        return (float(np.mean(diffs)), lo, hi, "t over seeds")
+    base, cand = pairs[0]
+    b, c = discordant(base, cand)
+    n = len(base)
+    z = float(stats.norm.ppf(0.5 + conf / 2))
+    half = z * math.sqrt(max(0.0, b + c - (c - b) ** 2 / n)) / n
+    d = (c - b) / n
+    return (d, d - half, d + half, "wald over examples")
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (same order as given); NaN p-values stay NaN."""
+    idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    order = sorted(idx, key=lambda i: pvalues[i])
+    m = len(order)
+    out = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
