@@ -49,7 +49,7 @@ REQUIRED_PRESETS = [
 
 
 def _golden_cases() -> list[dict]:
-    if not GOLDEN.exists():  # the golden file lives in ../shared beside the checkout
+    if not GOLDEN.exists():  # shipped with the tests: a missing file is a broken checkout, not a skip
         pytest.fail(f"golden file missing: {GOLDEN}")
     return json.loads(GOLDEN.read_text())
 
@@ -89,7 +89,7 @@ def test_pair_loss_matches_golden(case: dict) -> None:
 def naive_ng(
     sims_neg: list[float], sims_v: list[float], est: str, t: float, tau: float, beta: float
 ) -> float:
-    """N * G for one anchor, in linear space, exactly as SEED_SPEC 1.1 writes g0/g1/g2."""
+    """N * G for one anchor, in linear space, as docs/decisions.md ('Negative estimators') writes g0/g1/g2."""
     n = len(sims_neg)
     kappa = [math.exp(s) for s in sims_neg]
     pos_mean = sum(math.exp(s) for s in sims_v) / len(sims_v)
@@ -228,7 +228,7 @@ def test_robust_against_loop(weighted: bool) -> None:
             ref *= -math.log(math.exp(csp) / (math.exp(csp) + cng))
         assert got[i].item() == pytest.approx(ref, rel=1e-10)
     if weighted:
-        assert not w.requires_grad  # a weight, not a loss path (D9)
+        assert not w.requires_grad  # a weight, not a loss path (docs/decisions.md, 'Robust term')
 
 
 # ============ identities of the paper's Table 1 ============
@@ -329,3 +329,182 @@ def test_overrides_are_typed_and_validated() -> None:
         assert fragment in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(UserError, match=r"valid choices: .*simclr"):
         resolve("no_such_loss")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (
+            {"head": "linear"},
+            "head='linear'; valid choices for the contrastive objective: clae, simclr, none",
+        ),
+        ({"head": "mlp9"}, "unknown projection head 'mlp9'"),
+        ({"views": "jitter9"}, "unknown view maker 'jitter9'"),
+        ({"G2": "g3"}, "G2='g3'; valid choices: g0, g1, g2"),
+        ({"adv_estimator": "fgsm"}, "adv_estimator='fgsm'; valid choices: g0, g1, g2"),
+        ({"positives": "mean"}, "unknown positive aggregator 'mean'"),
+        ({"objective": "triplet"}, "unknown objective 'triplet'"),
+        ({"w": "w_bar"}, "w='w_bar'; valid choices: 1, w_hat"),
+        ({"robust_anchors": "adv"}, "robust_anchors='adv'; valid choices: both, one_sided"),
+        ({"var_anchors": "all"}, "var_anchors='all'; valid choices: both, one_sided"),
+        ({"arcl_form": "moco"}, "arcl_form='moco'; valid choices: ntxent, algorithm1"),
+        ({"mix_rho_mode": "swap"}, "mix_rho_mode='swap'; valid choices: from_partner, keep"),
+    ],
+)
+def test_unknown_names_fail_at_resolve_with_the_valid_names(overrides: dict, fragment: str) -> None:
+    with pytest.raises(UserError) as e:
+        resolve("simclr", overrides)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_heads_are_checked_against_the_objective() -> None:
+    # the supervised objective passes the class count to the head: the identity head cannot take it
+    with pytest.raises(UserError, match="valid choices for the supervised objective: clae, simclr, linear"):
+        resolve("supervised", {"head": "none"})
+    assert resolve("supervised", {"head": "clae"}).head == "clae"
+    assert resolve("simclr", {"head": "none"}).head == "none"
+
+
+def test_a_bad_head_fails_before_any_data_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from robustbench_nacl.data.datasets import DATASETS
+    from robustbench_nacl.train import TrainConfig, train
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the data was loaded before the loss parameters were checked")
+
+    monkeypatch.setitem(DATASETS._items, "digits", no_loading)
+    cfg = TrainConfig(loss="simclr", overrides={"head": "linear"}, epochs=1, data_root=str(tmp_path / "d"))
+    with pytest.raises(UserError, match="head='linear'"):
+        train(cfg, tmp_path / "run", progress=False)
+
+
+def test_validation_asks_the_aggregator_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from robustbench_nacl.losses import AGGREGATORS
+
+    monkeypatch.setattr(AGGREGATORS, "_items", dict(AGGREGATORS._items))
+    monkeypatch.setattr(AGGREGATORS, "_info", dict(AGGREGATORS._info))
+    AGGREGATORS.add(
+        "first_positive",
+        lambda model, views, z, p, gen, fuse: pair_loss_rows(z[0], z[1], estimator="g0", temperature=p.t),
+    )
+    assert resolve("simclr", {"positives": "first_positive"}).positives == "first_positive"
+
+
+def test_adding_an_objective_is_one_registered_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    from robustbench_nacl.losses import OBJECTIVES, Needs, encode, needs
+    from robustbench_nacl.losses.objectives import objective
+
+    monkeypatch.setattr(OBJECTIVES, "_items", dict(OBJECTIVES._items))
+    monkeypatch.setattr(OBJECTIVES, "_info", dict(OBJECTIVES._info))
+
+    @objective(
+        "alignment", needs=lambda p: Needs(n_views=3, adversarial=False, labels=False), description="x"
+    )
+    def alignment(model, views, y, p, gen, fuse=False):
+        z = encode(model, views, fuse)
+        return -(z[0] * z[1]).sum(dim=1).mean(), {}
+
+    p = resolve("simclr", {"objective": "alignment"})
+    assert needs(p) == Needs(n_views=3, adversarial=False, labels=False)
+    views = [unit(4, 5, seed=90 + j) for j in range(3)]
+    loss, _ = OBJECTIVES.get("alignment").loss(torch.nn.Identity(), views, None, p, torch.Generator())
+    assert loss.item() == pytest.approx(-(views[0] * views[1]).sum(dim=1).mean().item(), rel=1e-12)
+
+
+def test_losses_modules_import_one_way() -> None:
+    """params -> estimators -> terms -> objectives -> presets: a module imports only earlier ones."""
+    import ast
+
+    import robustbench_nacl.losses as pkg
+
+    order = ["params", "estimators", "terms", "objectives", "presets"]
+    root = Path(pkg.__file__).parent
+    assert sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__") == sorted(order)
+    for rank, name in enumerate(order):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        for node in ast.walk(tree):  # lazy imports inside functions count too
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                target = (node.module or "").split(".")[0]
+                assert order.index(target) < rank, f"{name} imports {target}"
+
+
+# ============ precision ============
+
+
+class _Tape(torch.nn.Module):
+    """Records the model's outputs; in replay mode returns them again (as float32) in the same order."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.outputs: list[torch.Tensor] = []
+        self.replay: list[torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.replay is None:
+            out = self.inner(x)
+            self.outputs.append(out.detach())
+            return out
+        # 0 * x keeps a path to the input, so the FGSM step of the adversarial view still differentiates
+        return self.replay.pop(0).float() + 0.0 * x.flatten(1).sum(dim=1, keepdim=True)
+
+
+BF16_CASES = [
+    ("simclr", {}),
+    ("debiased_hardneg", {}),
+    ("nca", {"M": 3}),
+    ("mixnca", {"M": 3}),
+    ("var", {"M": 3}),
+    ("arcl", {}),
+    ("arcl", {"arcl_form": "algorithm1"}),
+    ("intnacl", {"M": 3, "dual_bn": False}),
+]
+
+
+@pytest.mark.parametrize(("preset", "overrides"), BF16_CASES, ids=lambda c: str(c))
+def test_loss_under_bf16_autocast_is_the_float32_loss_of_the_same_embeddings(
+    preset: str, overrides: dict
+) -> None:
+    from robustbench_nacl.losses import OBJECTIVES, needs
+
+    p = resolve(preset, overrides)
+    g = torch.Generator().manual_seed(0)
+    b, d = 128, 48
+    views = [torch.randn(b, d, generator=g) for _ in range(needs(p).n_views)]
+    torch.manual_seed(0)
+    model = _Tape(torch.nn.Sequential(torch.nn.Linear(d, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)))
+    loss_fn = OBJECTIVES.get(p.objective).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = loss_fn(model, views, None, p, torch.Generator().manual_seed(1))
+    assert model.outputs[0].dtype == torch.bfloat16  # the encoder forward did run in bf16
+    assert got.dtype == torch.float32
+    model.replay = list(model.outputs)
+    ref, _ = loss_fn(model, views, None, p, torch.Generator().manual_seed(1))
+    assert not model.replay  # the replay used every recorded output, in order
+    assert got.item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"), [("simclr", {}), ("var", {"M": 2}), ("intcl", {"dual_bn": False})]
+)
+def test_float64_models_keep_float64_losses(preset: str, overrides: dict) -> None:
+    from robustbench_nacl.losses import OBJECTIVES, needs
+
+    p = resolve(preset, overrides)
+    g = torch.Generator().manual_seed(3)
+    views = [torch.randn(16, 12, generator=g, dtype=torch.float64) for _ in range(needs(p).n_views)]
+    torch.manual_seed(0)
+    model = _Tape(torch.nn.Linear(12, 8).double())
+    got, _ = OBJECTIVES.get(p.objective).loss(model, views, None, p, torch.Generator())
+    assert got.dtype == torch.float64
+    kw = {"estimator": p.G1, "temperature": p.t, "tau_plus": p.tau_plus, "beta": p.beta}
+    z = [F.normalize(o, dim=1) for o in model.outputs]
+    if preset == "var":
+        ref = (pair_loss(z[0], z[1], **kw) + pair_loss(z[0], z[2], **kw)) / 2
+    else:
+        ref = pair_loss(z[0], z[1], **kw)
+    if p.alpha > 0:
+        kw2 = {"estimator": p.G2, "temperature": p.t, "tau_plus": p.tau_plus, "beta": p.beta}
+        weights = w_hat(z[0], z[1], **kw2)
+        ref = ref + p.alpha * robust_rows(z[0], F.normalize(model.outputs[-1], dim=1), weights, **kw2).mean()
+    assert got.item() == pytest.approx(ref.item(), rel=1e-12)

@@ -1,8 +1,13 @@
-"""The contrastive-loss family: estimators, pure loss terms, objectives and named presets."""
+"""The contrastive-loss family: estimators, pure loss terms, objectives and named presets.
 
-from .estimators import ESTIMATORS, log_neg_mass, normalize, pair_loss, pair_loss_rows
-from .objectives import AGGREGATORS, OBJECTIVES, adversarial_view, contrastive_loss, encode
-from .presets import PRESETS, LossParams, Needs, Preset, list_presets, needs, parse_overrides, resolve
+Modules import one way only: params -> estimators -> terms -> objectives -> presets (each may
+import the ones before it, never the ones after).
+"""
+
+from .estimators import log_neg_mass, normalize, pair_loss, pair_loss_rows
+from .objectives import AGGREGATORS, OBJECTIVES, Objective, adversarial_view, contrastive_loss, encode, needs
+from .params import ESTIMATORS, LossParams, Needs, parse_overrides
+from .presets import PRESETS, Preset, list_presets, resolve, validate
 from .terms import arcl_rows, mixnca_rows, nca_rows, robust_rows, supervised_rows, var_rows, w_hat
 
 __all__ = [
@@ -12,6 +17,7 @@ __all__ = [
     "PRESETS",
     "LossParams",
     "Needs",
+    "Objective",
     "Preset",
     "adversarial_view",
     "arcl_rows",
@@ -29,6 +35,7 @@ __all__ = [
     "resolve",
     "robust_rows",
     "supervised_rows",
+    "validate",
     "var_rows",
     "w_hat",
 ]

@@ -1,28 +1,54 @@
 """Negative-term estimators g0 (SimCLR), g1 (Debiased) and g2 (hard negatives), in log space.
 
 Every contrastive loss of the family is built from two numbers per anchor: the log of its
-positive mass and ``log(N * G)``, the log of its estimated negative mass (SEED_SPEC 1.1). Both are
-computed from tempered similarities ``s = cos / t`` with a per-row shift ``c`` factored out, so that
-``e^{(beta+1) s}`` never overflows in fp32 even at t = 0.1 (gotcha 3).
+positive mass and ``log(N * G)``, the log of its estimated negative mass (docs/decisions.md,
+'Negative estimators'). Both are computed from tempered similarities ``s = cos / t`` with a per-row
+shift ``c`` factored out, so that ``e^{(beta+1) s}`` never overflows in fp32 even at t = 0.1.
+Similarities are computed with autocast off, in float32 or float64 (docs/decisions.md,
+'Loss precision').
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UserError
-
-ESTIMATORS = ("g0", "g1", "g2")
+from .params import ESTIMATORS
 
 
 def check_estimator(estimator: str) -> None:
     """Raise a one-line error for an unknown estimator name."""
     if estimator not in ESTIMATORS:
         raise UserError(f"unknown negative estimator {estimator!r}; valid choices: {', '.join(ESTIMATORS)}")
+
+
+def upcast(z: Tensor) -> Tensor:
+    """``z`` in float32 if it has a lower precision (bf16/fp16 under autocast); float64 stays float64."""
+    return z if z.dtype in (torch.float32, torch.float64) else z.float()
+
+
+@contextmanager
+def autocast_off(device_type: str) -> Iterator[None]:
+    """Run the body with autocast disabled on ``device_type`` (a no-op where autocast is off).
+
+    Under ``--precision bf16`` the trainer runs the model under autocast; a similarity matmul there
+    would run in bf16 too (about 3e-3 to 3e-2 relative error at B = 256).
+    """
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except (RuntimeError, ValueError):  # a device type without autocast support
+        enabled = False
+    if not enabled:
+        yield
+        return
+    with torch.autocast(device_type, enabled=False):
+        yield
 
 
 def log_neg_mass(
@@ -40,12 +66,13 @@ def log_neg_mass(
     Args:
         s_neg: (A, N) tempered similarities of each anchor to its N negatives.
         s_v: (A, m) tempered similarities to the m samples of the positive distribution used by the
-            debiasing correction (default m = 1, v_1 = the positive; SEED_SPEC D4 for M > 1).
+            debiasing correction (default m = 1, v_1 = the positive; M positives for NCA with M > 1,
+            docs/decisions.md, 'NCA and MIXNCA').
         estimator: "g0" | "g1" | "g2".
         temperature: t, for the clamp ``N * e^{-1/t}``.
         tau_plus: class prior of the debiasing correction (g1, g2).
         beta: hardness concentration of g2 (importance weights ``softmax(beta * s)``).
-        detach_weights: detach g2's importance weights (the official HCL code does not; D16).
+        detach_weights: detach g2's importance weights (the official HCL code does not).
 
     Returns:
         (A,) tensor of ``log(N * G)``.
@@ -81,7 +108,8 @@ def clamp_fraction(
     tau_plus: float = 0.0,
     beta: float = 0.0,
 ) -> float:
-    """Fraction of anchors whose debiased estimate hits the ``N e^{-1/t}`` clamp (logged, gotcha 2)."""
+    """Fraction of anchors whose debiased estimate hits the ``N e^{-1/t}`` clamp (logged: there the
+    negatives get no gradient for that anchor)."""
     if estimator == "g0" or tau_plus == 0.0:
         return 0.0
     with torch.no_grad():
@@ -95,11 +123,18 @@ def nca_row(lse_pos: Tensor, log_ng: Tensor) -> Tensor:
     return torch.logaddexp(lse_pos, log_ng) - lse_pos
 
 
+def similarity(a: Tensor, b: Tensor, temperature: float) -> Tensor:
+    """Tempered similarities ``a @ b.T / t`` of unit rows, with autocast off (float32 or float64)."""
+    a, b = upcast(a), upcast(b)
+    with autocast_off(a.device.type):
+        return a @ b.T / temperature
+
+
 def base_pair_similarities(z1: Tensor, z2: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
     """Similarities of the standard two-view batch.
 
     Anchors are the 2B rows of ``cat(z1, z2)``; anchor i's positive is its other view and its
-    negatives are the 2B - 2 views of the other images.
+    negatives are the 2B - 2 views of the other images. The matmul runs with autocast off.
 
     Returns:
         ``(zz, s_pos, s_neg)``: the (2B, d) anchors, (2B,) positive and (2B, 2B-2) negative
@@ -108,8 +143,8 @@ def base_pair_similarities(z1: Tensor, z2: Tensor, temperature: float) -> tuple[
     b = z1.shape[0]
     if b < 2:
         raise UserError("a contrastive batch needs at least 2 images (batch size >= 2)")
-    zz = torch.cat([z1, z2], dim=0)
-    sim = zz @ zz.T / temperature
+    zz = upcast(torch.cat([z1, z2], dim=0))
+    sim = similarity(zz, zz, temperature)
     idx = torch.arange(2 * b, device=zz.device)
     partner = (idx + b) % (2 * b)
     s_pos = sim[idx, partner]
@@ -155,7 +190,7 @@ def pair_loss(
 
     ``z1``, ``z2`` are the (B, d) embeddings of the two views, already L2-normalised; each anchor's
     negatives are the other 2B - 2 embeddings. Matches the public SimCLR/DCL/HCL implementations
-    (``shared/golden``) to 1e-6 relative in float64.
+    (``tests/data/golden``) to 1e-6 relative in float64.
 
     Examples:
         >>> z1 = F.normalize(torch.randn(8, 16, dtype=torch.float64), dim=1)

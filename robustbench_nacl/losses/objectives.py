@@ -2,6 +2,24 @@
 
 The trainer calls ``OBJECTIVES.get(p.objective)``; inside the contrastive objective the positive
 aggregator is itself a registry entry, so no code branches on a method's name.
+
+Adding an objective
+-------------------
+Register one loss function with what it needs from the trainer::
+
+    @objective("my_loss", needs=lambda p: Needs(n_views=2, adversarial=False, labels=False),
+               description="one line for `robustbench-nacl losses`")
+    def my_loss(model, views, y, p, gen, fuse=False) -> tuple[Tensor, dict[str, float]]:
+        z = encode(model, views, fuse)  # forward passes under the caller's autocast, upcast
+        return pair_loss(z[0], z[1], estimator=p.G1, temperature=p.t), {}
+
+``needs(p)`` says how many views the view maker draws per image, whether adversarial positives
+(dual BatchNorm) are used and whether labels are passed (then the model's head maps to the
+classes); ``resolve()`` checks the head and every registry name against it before any data is
+loaded. A positive aggregator for the contrastive objective is one ``@AGGREGATORS.register``
+function. Compute embeddings with :func:`encode` and similarities with the functions of
+``estimators``/``terms``: they run with autocast off in float32 or float64
+(docs/decisions.md, 'Loss precision').
 """
 
 from __future__ import annotations
@@ -13,23 +31,34 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..models.encoders import bn_route
 from ..registry import Registry
-from .estimators import base_pair_similarities, clamp_fraction, normalize, pair_loss
-from .presets import LossParams, Needs
+from .estimators import base_pair_similarities, clamp_fraction, normalize, pair_loss, upcast
+from .params import LossParams, Needs
 from .terms import arcl_rows, mixnca_rows, nca_rows, robust_rows, supervised_rows, var_rows, w_hat
+
+LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+
+
+def embed(model: nn.Module, x: Tensor) -> Tensor:
+    """Normalised embedding of one batch: the forward under the caller's autocast, then upcast.
+
+    bf16/fp16 outputs become float32 before the normalisation; float64 stays float64.
+    """
+    return normalize(upcast(model(x)))
 
 
 def encode(model: nn.Module, xs: list[Tensor], fuse: bool = False) -> list[Tensor]:
-    """Normalised embeddings of each input batch.
+    """Normalised embeddings of each input batch (see :func:`embed` for the precision).
 
     By default one forward pass per view, as the papers' code does, so BatchNorm statistics are
-    per view (gotcha 17); ``fuse`` concatenates them into one pass (recorded in the manifest).
+    per view (docs/decisions.md, 'Architecture'); ``fuse`` concatenates them into one pass
+    (recorded in the manifest).
     """
     if fuse and len(xs) > 1:
-        z = normalize(model(torch.cat(xs, dim=0)).float())
+        z = embed(model, torch.cat(xs, dim=0))
         return list(z.split([x.shape[0] for x in xs], dim=0))
-    # .float(): under bf16 autocast the loss itself stays in fp32 (e^{(beta+1)s}, gotcha 3)
-    return [normalize(model(x).float()) for x in xs]
+    return [embed(model, x) for x in xs]
 
 
 def random_cycle(n: int, gen: torch.Generator) -> Tensor:
@@ -56,6 +85,22 @@ Aggregator = Callable[[nn.Module, list[Tensor], list[Tensor], LossParams, torch.
 AGGREGATORS: Registry[Aggregator] = Registry("positive aggregator")
 
 
+def _mixed_positives(views: list[Tensor], p: LossParams, gen: torch.Generator) -> list[Tensor]:
+    """MIXNCA's M - 1 mixed inputs: each anchor's positive view mixed with another image's.
+
+    A random derangement per j, in input space on augmented images (docs/decisions.md,
+    'NCA and MIXNCA').
+    """
+    x_pos = torch.cat([views[1], views[0]], dim=0)
+    b = views[0].shape[0]
+    mixed = []
+    for _ in range(p.M - 1):
+        perm = random_cycle(b, gen)
+        partner = torch.cat([views[1][perm], views[0][perm]], dim=0)
+        mixed.append(p.lam * x_pos + (1.0 - p.lam) * partner)
+    return mixed
+
+
 @AGGREGATORS.register("nca")
 def _nca(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, gen, fuse) -> Tensor:
     kw = _estimator_kwargs(p)
@@ -63,15 +108,7 @@ def _nca(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, 
     if p.lam is None or p.combine:
         rows = nca_rows(z[0], z[1], z[2 : p.M + 1], **kw)
     if p.lam is not None:
-        # MIXNCA: mix each anchor's positive view with the positive view of another image
-        # (a random derangement per j, D6), in input space on augmented images.
-        x_pos = torch.cat([views[1], views[0]], dim=0)
-        b = views[0].shape[0]
-        mixed_inputs = []
-        for _ in range(p.M - 1):
-            perm = random_cycle(b, gen)
-            partner = torch.cat([views[1][perm], views[0][perm]], dim=0)
-            mixed_inputs.append(p.lam * x_pos + (1.0 - p.lam) * partner)
+        mixed_inputs = _mixed_positives(views, p, gen)
         zm = encode(model, mixed_inputs, fuse) if mixed_inputs else []
         mix = mixnca_rows(z[0], z[1], zm, lam=p.lam, **kw)
         rows = mix if rows is None else rows + mix
@@ -81,32 +118,31 @@ def _nca(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, 
 
 @AGGREGATORS.register("var")
 def _var(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, gen, fuse) -> Tensor:
-    return var_rows(z[0], z[1 : p.M + 1], **_estimator_kwargs(p))
+    return var_rows(z[0], z[1 : p.M + 1], **_estimator_kwargs(p), anchors=p.var_anchors)
 
 
 @AGGREGATORS.register("worst_pair")
 def _worst_pair(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, gen, fuse) -> Tensor:
-    return arcl_rows(z, **_estimator_kwargs(p))
+    return arcl_rows(z, **_estimator_kwargs(p), form=p.arcl_form)
 
 
 # ============ adversarial positives ============
 
 
 def adversarial_view(model: nn.Module, x: Tensor, p: LossParams) -> Tensor:
-    """CLAE's adversarial positive (D8): one FGSM step on the contrastive loss from the anchor view.
+    """CLAE's adversarial positive: one FGSM step on the contrastive loss from the anchor view.
 
     x_adv = x + eps * sign(grad_x' NTXent(z(x), z(x')) at x' = x), with both passes through the
     auxiliary BatchNorm (train mode) when ``dual_bn``; no random start and, as in CLAE, no clamp
-    to the image range. ``autograd.grad`` w.r.t. the input leaves parameter gradients untouched.
+    to the image range (docs/decisions.md, 'Robust term'). ``autograd.grad`` w.r.t. the input
+    leaves parameter gradients untouched.
     """
-    from ..models.encoders import bn_route
-
     x = x.detach()
     with bn_route(model, "adv" if p.dual_bn else "clean"):
         with torch.no_grad():
-            z_anchor = normalize(model(x))
+            z_anchor = embed(model, x)
         xc = x.clone().requires_grad_(True)
-        z_cand = normalize(model(xc))
+        z_cand = embed(model, xc)
         loss = pair_loss(
             z_anchor, z_cand, estimator=p.adv_estimator, temperature=p.t, tau_plus=p.tau_plus, beta=p.beta
         )
@@ -114,18 +150,48 @@ def adversarial_view(model: nn.Module, x: Tensor, p: LossParams) -> Tensor:
     return (x + p.adv_eps * g.sign()).detach()
 
 
+def robust_term(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams) -> Tensor:
+    """``L_Robust(G2, w)``: the weighted loss of (clean anchor, adversarial view) pairs."""
+    x_adv = adversarial_view(model, views[0], p)
+    with bn_route(model, "adv" if p.dual_bn else "clean"):
+        (z_adv,) = encode(model, [x_adv])
+    kw = _estimator_kwargs(p, "G2")
+    weights = None
+    if p.w == "w_hat":
+        est = {k: v for k, v in kw.items() if k != "detach_weights"}
+        weights = w_hat(z[0], z[1], **est, detach=not p.w_hat_grad)
+    return robust_rows(z[0], z_adv, weights, **kw, anchors=p.robust_anchors).mean()
+
+
 # ============ objectives ============
 
 
 @dataclass(frozen=True)
 class Objective:
-    """A training objective: what it needs, and how it computes the loss."""
+    """A training objective: what it needs from the trainer, and how it computes the loss."""
 
     needs: Callable[[LossParams], Needs]
-    loss: Callable[..., tuple[Tensor, dict[str, float]]]
+    loss: LossFn
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
+
+
+def objective(
+    name: str, *, needs: Callable[[LossParams], Needs], description: str
+) -> Callable[[LossFn], LossFn]:
+    """Decorator: register ``fn(model, views, y, p, gen, fuse) -> (loss, stats)`` as objective ``name``."""
+
+    def deco(fn: LossFn) -> LossFn:
+        OBJECTIVES.add(name, Objective(needs=needs, loss=fn), description=description)
+        return fn
+
+    return deco
+
+
+def needs(p: LossParams) -> Needs:
+    """What the trainer must provide for these parameters (declared by ``p.objective``)."""
+    return OBJECTIVES.get(p.objective).needs(p)
 
 
 def _contrastive_needs(p: LossParams) -> Needs:
@@ -135,9 +201,14 @@ def _contrastive_needs(p: LossParams) -> Needs:
         n_views = p.M + 1
     else:
         n_views = 2
-    return Needs(n_views=n_views, adversarial=p.alpha > 0, mixing=p.lam is not None and p.M > 1, labels=False)
+    return Needs(n_views=n_views, adversarial=p.alpha > 0, labels=False)
 
 
+@objective(
+    "contrastive",
+    needs=_contrastive_needs,
+    description="the NaCl family: NCA/MIXNCA/VAR/ArCL positives + robust term",
+)
 def contrastive_loss(
     model: nn.Module,
     views: list[Tensor],
@@ -147,8 +218,6 @@ def contrastive_loss(
     fuse: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """``L_NaCl(G1, M, lam) + alpha * L_Robust(G2, w)`` on one batch of views; returns (loss, stats)."""
-    from ..models.encoders import bn_route
-
     z = encode(model, views, fuse)
     rows = AGGREGATORS.get(p.positives)(model, views, z, p, gen, fuse)
     loss = rows.mean()
@@ -159,19 +228,17 @@ def contrastive_loss(
             s_neg, s_pos[:, None], p.G1, temperature=p.t, tau_plus=p.tau_plus, beta=p.beta
         )
     if p.alpha > 0:
-        x_adv = adversarial_view(model, views[0], p)
-        with bn_route(model, "adv" if p.dual_bn else "clean"):
-            (z_adv,) = encode(model, [x_adv])
-        kw = _estimator_kwargs(p, "G2")
-        weights = None
-        if p.w == "w_hat":
-            weights = w_hat(z[0], z[1], **{k: v for k, v in kw.items() if k != "detach_weights"})
-        robust = robust_rows(z[0], z_adv, weights, **kw).mean()
+        robust = robust_term(model, views, z, p)
         stats["robust_loss"] = float(robust.detach())
         loss = loss + p.alpha * robust
     return loss, stats
 
 
+@objective(
+    "supervised",
+    needs=lambda p: Needs(n_views=1, adversarial=False, labels=True),
+    description="cross-entropy baseline",
+)
 def supervised_loss(
     model: nn.Module,
     views: list[Tensor],
@@ -180,22 +247,8 @@ def supervised_loss(
     gen: torch.Generator,
     fuse: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Cross-entropy of the model's logits (head = linear classifier) on the first view."""
+    """Cross-entropy of the model's logits (head = linear classifier) on the first view, in float32+."""
     if y is None:
         raise ValueError("the supervised objective needs labels")
-    loss = supervised_rows(model(views[0]), y).mean()
+    loss = supervised_rows(upcast(model(views[0])), y).mean()
     return loss, {}
-
-
-OBJECTIVES.add(
-    "contrastive",
-    Objective(needs=_contrastive_needs, loss=contrastive_loss),
-    description="the NaCl family: NCA/MIXNCA/VAR/ArCL positives + robust term",
-)
-OBJECTIVES.add(
-    "supervised",
-    Objective(
-        needs=lambda p: Needs(n_views=1, adversarial=False, mixing=False, labels=True), loss=supervised_loss
-    ),
-    description="cross-entropy baseline",
-)

@@ -1,9 +1,10 @@
-"""One parameterisation for the whole family, and the named methods as presets of it.
+"""The named methods as presets of one parameterisation, and the validation of any parameter set.
 
 ``L = L_NaCl(G1, M, lambda) + alpha * L_Robust(G2, w)`` (NaCl Table 1) extended with the positive
 generator (``views``: augmentation, DACL mixup, Gaussian noise) and the positive aggregator
 (``positives``: NCA soft-max, VAR mean, ArCL worst pair). The trainer reads ``needs(params)``;
-it never branches on a preset's name.
+it never branches on a preset's name. Each preset's defaults and their sources:
+docs/decisions.md, 'Loss presets'.
 """
 
 from __future__ import annotations
@@ -12,54 +13,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from ..augment import views as augment
 from ..errors import UserError
+from ..models.encoders import HEADS, create_head
 from ..registry import Registry
-from .estimators import ESTIMATORS
-
-AGGREGATORS = ("nca", "var", "worst_pair")
-WEIGHTINGS = ("1", "w_hat")
-
-
-@dataclass(frozen=True)
-class LossParams:
-    """Every parameter of the unified loss; presets fill it with each paper's defaults."""
-
-    objective: str = "contrastive"  # "contrastive" | "supervised" (registry in objectives.py)
-    G1: str = "g0"  # negative estimator of the NaCl term
-    M: int = 1  # number of positives (NCA / VAR) or 1 + mixed positives (MIXNCA)
-    lam: float | None = None  # MIXNCA mixing coefficient; None = plain NCA
-    combine: bool = False  # Table 5: NCA(G1, M) + MIXNCA(G1, M, lam) on the same batch (D7)
-    positives: str = "nca"  # aggregator: "nca" | "var" | "worst_pair" (ArCL)
-    alpha: float = 0.0  # weight of the robust term
-    G2: str = "g0"  # negative estimator of the robust term
-    w: str = "1"  # robust weighting: "1" | "w_hat"
-    tau_plus: float = 0.0  # class prior (g1, g2)
-    beta: float = 0.0  # hardness (g2)
-    t: float = 0.5  # temperature: s = cos / t
-    detach_weights: bool = False  # detach g2 importance weights (official HCL code: no, D16)
-    views: str = "simclr"  # positive generator: a VIEW_MAKERS name in augment.py
-    m_views: int = 4  # ArCL: number of sampled views m
-    mix_alpha: float = 0.9  # DACL: lambda ~ U(mix_alpha, 1)
-    mix_rho: float = 0.1  # DACL binary mixup: fraction of features from the partner (D14)
-    noise_scale: float = 0.05  # Gaussian-noise positives: x + scale * N(0, I) (D15)
-    adv_eps: float = 0.015  # adversarial positive budget in [0,1] pixel units (CLAE 0.03 in [-1,1])
-    adv_estimator: str = "g0"  # the loss the adversarial positive maximises (CLAE: NT-Xent, D8)
-    dual_bn: bool = True  # AdvProp-style auxiliary BatchNorm for adversarial inputs
-    head: str = "clae"  # projection head (CLAE 512-512-64, D2)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every parameter (JSON-serialisable)."""
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What a loss needs from the trainer, derived from its parameters."""
-
-    n_views: int  # views produced by the view maker per image
-    adversarial: bool  # needs adversarial positives (dual BatchNorm if dual_bn)
-    mixing: bool  # forms MIXNCA mixed positives from the base views
-    labels: bool  # needs class labels (supervised baseline)
+from .objectives import AGGREGATORS, OBJECTIVES, needs
+from .params import ANCHORS, ARCL_FORMS, ESTIMATORS, WEIGHTINGS, LossParams, coerce_overrides
 
 
 @dataclass(frozen=True)
@@ -124,7 +85,7 @@ _preset(
 _preset(
     "nca_mixnca",
     f"{_NACL} Table 5",
-    "NCA(g2, 5) + MIXNCA(g2, 5, 0.5) summed (D7)",
+    "NCA(g2, 5) + MIXNCA(g2, 5, 0.5) summed",
     G1="g2",
     M=5,
     lam=0.5,
@@ -216,121 +177,89 @@ def list_presets() -> list[str]:
     return PRESETS.names()
 
 
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a name"}
+# ============ validation ============
 
 
-def _coerce(name: str, value: Any, current: Any, ftype: Any) -> Any:
-    """Convert a ``--set k=v`` string to the field's type (other values are type-checked as given)."""
-    t = str(ftype)
-    if not isinstance(value, str):
-        return _check_type(name, value, t)
-    v = value.strip()
-    if v.lower() in ("none", "null") and "None" in t:
-        return None
-    try:
-        if "bool" in t:
-            if v.lower() in ("1", "true", "yes", "on"):
-                return True
-            if v.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(v)
-        if t.startswith("int"):
-            return int(v)
-        if "float" in t:
-            return float(v)
-    except ValueError:
-        raise UserError(f"--set {name}={value!r}: expected {_TYPE_WORDS.get(t.split(' |')[0], t)}") from None
-    return v
+def _bad(msg: str) -> UserError:
+    return UserError(f"invalid loss parameter: {msg}")
 
 
-def _check_type(name: str, value: Any, t: str) -> Any:
-    """A non-string override (library callers, manifests) must already have the field's type."""
-    if value is None and "None" in t:
-        return None
-    base = t.split(" |")[0]
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, int | float) and not isinstance(value, bool),
-        "str": False,  # strings never reach here
-    }.get(base, True)
-    if not ok:
-        raise UserError(f"loss parameter {name}={value!r}: expected {_TYPE_WORDS.get(base, base)}")
-    return float(value) if base == "float" else value
+def _check_choice(name: str, value: Any, choices: list[str] | tuple[str, ...], what: str = "") -> None:
+    if value not in choices:
+        raise _bad(f"{name}={value!r}; valid choices{what}: {', '.join(choices)}")
 
 
-def parse_overrides(items: list[str] | None) -> dict[str, str]:
-    """``["M=5", "lam=0.9"]`` -> ``{"M": "5", "lam": "0.9"}``."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set M=5")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
+def _head_builds(name: str, labels: bool) -> bool:
+    """Whether the trainer could build head ``name``: with a class count exactly when labels are used.
+
+    The trainer calls ``create_head(head, feature_dim, out_dim=num_classes if labels else None)``
+    after loading the data; building it here on the meta device (no memory, no random draws) makes
+    e.g. a classifier head under a contrastive objective fail before anything is loaded.
+    """
+    with torch.device("meta"):
+        try:
+            create_head(name, 8, out_dim=3 if labels else None)
+        except UserError:
+            return False
+    return True
+
+
+def _check_names(p: LossParams) -> None:
+    """Every name-valued parameter against its registry (whose error lists the valid names) or choices."""
+    OBJECTIVES.get(p.objective)
+    AGGREGATORS.get(p.positives)
+    augment.VIEW_MAKERS.get(p.views)
+    HEADS.get(p.head)
+    for g in ("G1", "G2", "adv_estimator"):
+        _check_choice(g, getattr(p, g), ESTIMATORS)
+    _check_choice("w", p.w, WEIGHTINGS)
+    _check_choice("robust_anchors", p.robust_anchors, ANCHORS)
+    _check_choice("var_anchors", p.var_anchors, ANCHORS)
+    _check_choice("arcl_form", p.arcl_form, ARCL_FORMS)
+    _check_choice("mix_rho_mode", p.mix_rho_mode, augment.RHO_MODES)
+    labels = needs(p).labels
+    heads = [h for h in HEADS.names() if _head_builds(h, labels)]
+    _check_choice("head", p.head, heads, f" for the {p.objective} objective")
+
+
+def _check_ranges(p: LossParams) -> None:
+    """Every numeric parameter against its valid range."""
+    if p.M < 1:
+        raise _bad(f"M={p.M}; M must be >= 1")
+    if p.lam is not None and not 0.0 <= p.lam <= 1.0:
+        raise _bad(f"lam={p.lam}; lam must lie in [0, 1]")
+    if p.combine and p.lam is None:
+        raise _bad("combine=true needs a mixing coefficient lam")
+    if not 0.0 <= p.tau_plus < 1.0:
+        raise _bad(f"tau_plus={p.tau_plus}; tau_plus must lie in [0, 1)")
+    if p.beta < 0:
+        raise _bad(f"beta={p.beta}; beta must be >= 0")
+    if p.t <= 0:
+        raise _bad(f"t={p.t}; the temperature must be > 0")
+    if p.alpha < 0:
+        raise _bad(f"alpha={p.alpha}; alpha must be >= 0")
+    if p.positives == "worst_pair" and p.m_views < 2:
+        raise _bad(f"m_views={p.m_views}; ArCL needs m_views >= 2")
+    for name in ("mix_alpha", "mix_rho"):
+        if not 0.0 <= getattr(p, name) <= 1.0:
+            raise _bad(f"{name}={getattr(p, name)}; must lie in [0, 1]")
+    if not 0.0 <= p.adv_eps <= 1.0:
+        raise _bad(f"adv_eps={p.adv_eps}; must lie in [0, 1] (pixel units)")
+    if p.noise_scale < 0:
+        raise _bad(f"noise_scale={p.noise_scale}; must be >= 0")
 
 
 def validate(p: LossParams) -> LossParams:
-    """Check every parameter's range; a one-line UserError names the bad one and its valid range."""
-    from ..augment import views as augment  # lazy: augment imports torch ops only
+    """Check every name and range; a one-line UserError names the bad parameter and the valid choices.
 
-    def bad(msg: str) -> UserError:
-        return UserError(f"invalid loss parameter: {msg}")
-
-    for g in ("G1", "G2", "adv_estimator"):
-        if getattr(p, g) not in ESTIMATORS:
-            raise bad(f"{g}={getattr(p, g)!r}; valid choices: {', '.join(ESTIMATORS)}")
-    if p.M < 1:
-        raise bad(f"M={p.M}; M must be >= 1")
-    if p.lam is not None and not 0.0 <= p.lam <= 1.0:
-        raise bad(f"lam={p.lam}; lam must lie in [0, 1]")
-    if p.combine and p.lam is None:
-        raise bad("combine=true needs a mixing coefficient lam")
-    if not 0.0 <= p.tau_plus < 1.0:
-        raise bad(f"tau_plus={p.tau_plus}; tau_plus must lie in [0, 1)")
-    if p.beta < 0:
-        raise bad(f"beta={p.beta}; beta must be >= 0")
-    if p.t <= 0:
-        raise bad(f"t={p.t}; the temperature must be > 0")
-    if p.alpha < 0:
-        raise bad(f"alpha={p.alpha}; alpha must be >= 0")
-    if p.w not in WEIGHTINGS:
-        raise bad(f"w={p.w!r}; valid choices: {', '.join(WEIGHTINGS)}")
-    if p.positives not in AGGREGATORS:
-        raise bad(f"positives={p.positives!r}; valid choices: {', '.join(AGGREGATORS)}")
-    if p.positives == "worst_pair" and p.m_views < 2:
-        raise bad(f"m_views={p.m_views}; ArCL needs m_views >= 2")
-    if not 0.0 <= p.mix_alpha <= 1.0:
-        raise bad(f"mix_alpha={p.mix_alpha}; must lie in [0, 1]")
-    if not 0.0 <= p.mix_rho <= 1.0:
-        raise bad(f"mix_rho={p.mix_rho}; must lie in [0, 1]")
-    if not 0.0 <= p.adv_eps <= 1.0:
-        raise bad(f"adv_eps={p.adv_eps}; must lie in [0, 1] (pixel units)")
-    if p.noise_scale < 0:
-        raise bad(f"noise_scale={p.noise_scale}; must be >= 0")
-    augment.VIEW_MAKERS.get(p.views)
-    from .objectives import OBJECTIVES
-
-    OBJECTIVES.get(p.objective)
+    Runs before any data is loaded (``resolve`` calls it), so a bad ``--set`` fails at once.
+    """
+    _check_names(p)
+    _check_ranges(p)
     return p
 
 
 def resolve(preset: str, overrides: dict[str, Any] | list[str] | None = None) -> LossParams:
     """The preset's parameters with ``overrides`` applied (strings are converted), validated."""
     base = PRESETS.get(preset).params
-    if isinstance(overrides, list):
-        overrides = parse_overrides(overrides)
-    fields = {f.name: f for f in dataclasses.fields(LossParams)}
-    changes: dict[str, Any] = {}
-    for k, v in (overrides or {}).items():
-        if k not in fields:
-            raise UserError(f"unknown loss parameter {k!r}; valid parameters: {', '.join(fields)}")
-        changes[k] = _coerce(k, v, getattr(base, k), fields[k].type)
-    return validate(dataclasses.replace(base, **changes))
-
-
-def needs(p: LossParams) -> Needs:
-    """What the trainer must provide for these parameters."""
-    from .objectives import OBJECTIVES
-
-    return OBJECTIVES.get(p.objective).needs(p)
+    return validate(dataclasses.replace(base, **coerce_overrides(overrides)))
