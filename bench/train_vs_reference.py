@@ -1,11 +1,11 @@
 """Figure ``train_vs_reference``: images/s of our trainer over a reference-style (HCL/DCL) pipeline.
 
-Both train the same model (``convnet_small`` + CLAE head, built by ``trainer.build_model`` from the same
+Both train the same model (``convnet_small`` + CLAE head, built by ``train.build_model`` from the same
 seed) on the same Fashion-MNIST images (28x28) with the same batch size, precision (fp32), optimizer
 (Adam 3e-4) and torch threads, in one process, alternately. Ours is in ``train``'s default
 channels-last memory format, the reference in NCHW, as the public HCL/DCL code runs it:
 
-- ``ours``: ``trainer.TrainStep`` (what ``train()`` runs per batch) over a fresh permutation of a
+- ``ours``: ``train.TrainStep`` (what ``train()`` runs per batch) over a fresh permutation of a
   pool of ``steps * batch`` images held as one uint8 tensor;
 - ``reference``: ``bench/reference.py``: PIL images, per-sample torchvision transforms in a
   ``DataLoader`` with 2 workers, two forward passes, HCL's NT-Xent; a fresh loader epoch over the same
@@ -35,7 +35,7 @@ def run(args: Any) -> dict[str, Any]:
     """Measure both pipelines alternately and report the images/s ratio."""
     from robustbench_nacl import losses
     from robustbench_nacl.data.datasets import load_dataset
-    from robustbench_nacl.train.trainer import TrainConfig, TrainStep, build_model
+    from robustbench_nacl.train import TrainConfig, TrainStep, build_model
 
     batch, steps, workers = 256, (3 if args.quick else 6), 2
     reps = args.reps or (2 if args.quick else 3)

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
-import time
+import urllib.error
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import run_cli
 
-from robustbench_nacl.eval.evaluate import evaluate, settings_for, transfer_default
+import robustbench_nacl.eval.evaluate as evaluate_module
+from robustbench_nacl.data import datasets
+from robustbench_nacl.errors import DatasetNotFound
+from robustbench_nacl.eval.evaluate import evaluate, random_init_like, settings_for, transfer_default
 from robustbench_nacl.eval.probe import ProbeConfig
-from robustbench_nacl.eval.rows import IDENTITY, load_rows
-from robustbench_nacl.train.trainer import TrainConfig, train
+from robustbench_nacl.eval.rows import IDENTITY, REQUIRED, ResultRow, load_rows
+from robustbench_nacl.models.foreign import load_encoder
+from robustbench_nacl.train import TrainConfig, train
 
 QUICK = {"n_examples": 40, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress": False}
 
@@ -33,11 +38,15 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_settings_and_transfer_default() -> None:
-    assert transfer_default("digits:0-4") == "digits:5,6,7,8,9"
+    assert transfer_default("digits:0-4") == "digits:5-9"  # canonical spelling
     assert transfer_default("digits") is None
     s = settings_for("digits:0-4", "digits:5-9", "all")
     assert [x.name for x in s] == ["in-domain", "transfer"] + ["shift"] * 5
     assert s[2].dataset == "digits:0-4@grayscale"
+    # one dataset in two spellings is one setting
+    assert settings_for("digits:0,1,2,3,4", ["digits:5,6,7,8,9", "digits:5-9"], None) == settings_for(
+        "digits:0-4", "digits:5-9", None
+    )
 
 
 def test_rows_carry_provenance_and_pass_sanity(ckpt: Path, tmp_path: Path) -> None:
@@ -45,8 +54,10 @@ def test_rows_carry_provenance_and_pass_sanity(ckpt: Path, tmp_path: Path) -> No
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert {r["setting"] for r in rows} == {"in-domain", "transfer", "shift"}
     for r in rows:
+        assert isinstance(r, ResultRow) and ResultRow.from_json(r.to_json()) == r
         for k in (
             *IDENTITY,
+            *REQUIRED,
             "row_id",
             "checkpoint_id",
             "clean_acc",
@@ -69,20 +80,34 @@ def test_rows_carry_provenance_and_pass_sanity(ckpt: Path, tmp_path: Path) -> No
     assert len({r["row_id"] for r in rows}) == len(rows)  # content addresses are distinct
 
 
-def test_rerun_writes_nothing_and_force_recomputes(ckpt: Path, tmp_path: Path) -> None:
-    evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
+def test_rerun_writes_nothing_says_so_and_force_recomputes(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
+    assert first.summary.endswith(f"{len(first)} result rows computed into {tmp_path / 'rows'}")
     files = sorted((tmp_path / "rows").glob("*.json"))
     stamps = {p: p.stat().st_mtime_ns for p in files}
-    t0 = time.perf_counter()
-    again = evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
-    quick = time.perf_counter() - t0
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a re-run probed or attacked again")
+
+    with monkeypatch.context() as m:  # a re-run neither probes, nor attacks, nor loads data
+        for name in ("fit_linear_probe", "benchmark", "load_dataset"):
+            m.setattr(evaluate_module, name, no_work)
+        again = evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
     assert sorted((tmp_path / "rows").glob("*.json")) == files
     assert all(p.stat().st_mtime_ns == stamps[p] for p in files)  # nothing rewritten
-    assert len(again) == len(files) and quick < 5.0
+    assert len(again) == len(files) and (again.computed, again.reused) == (0, len(files))
+    rows_dir = tmp_path / "rows"
+    assert again.summary.endswith(
+        f"all {len(files)} result rows already exist in {rows_dir}; nothing recomputed (--force to recompute)"
+    )
+    assert "\n" not in again.summary
     # a different eval seed is a different measurement: new rows, old ones untouched
     evaluate(ckpt, suite="quick", out=tmp_path, seed=1, **QUICK)
     assert len(list((tmp_path / "rows").glob("*.json"))) > len(files)
     forced = evaluate(ckpt, suite="quick", out=tmp_path, force=True, **QUICK)
+    assert forced.computed == len(forced) and "nothing recomputed" not in forced.summary
     assert any(
         p.stat().st_mtime_ns != stamps[p] for p in files if p.name[:-5] in {r["row_id"] for r in forced}
     )
@@ -93,9 +118,40 @@ def test_random_init_control_is_marked_and_hashed(ckpt: Path, tmp_path: Path) ->
     trained = evaluate(ckpt, suite="quick", out=tmp_path, **QUICK)
     assert all(r["control"] and r["loss"] == "random-init" for r in rows)
     assert "random-init" in rows[0]["checkpoint_id"]
+    assert rows.summary.startswith("random-init control (") and "random-init" not in trained.summary
     assert rows[0]["checkpoint_sha256"] != trained[0]["checkpoint_sha256"]
+    assert rows[0].recipe_id != trained[0].recipe_id and rows[0].recipe["kind"] == "random-init"
     again = evaluate(ckpt, suite="quick", out=tmp_path, control=True, **QUICK)  # same seed, same weights
     assert again[0]["checkpoint_sha256"] == rows[0]["checkpoint_sha256"]
+    assert again.summary.startswith("random-init control (") and "nothing recomputed" in again.summary
+
+
+def test_random_init_control_leaves_the_global_rng_alone(ckpt: Path) -> None:
+    encoder, info = load_encoder(ckpt)
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    a = random_init_like(encoder, info, seed=7)
+    assert torch.equal(torch.rand(4), expected)  # the caller's stream continues as if nothing ran
+    b = random_init_like(encoder, info, seed=7)
+    c = random_init_like(encoder, info, seed=8)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)  # the weights depend on the seed alone
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_a_missing_dataset_fails_before_any_row_is_written(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # offline: cifar10 can be neither found under the empty data root nor downloaded
+    monkeypatch.setattr(datasets, "_download", lambda *a: urllib.error.URLError("no network"))
+    datasets.clear_cache()
+    with pytest.raises(DatasetNotFound, match="cifar10"):
+        evaluate(
+            ckpt, transfer="cifar10", shift="flip", suite="quick", out=tmp_path / "out",
+            data_root=str(tmp_path / "data"), **QUICK,
+        )  # fmt: skip
+    assert not list((tmp_path / "out").rglob("*.json"))  # the in-domain rows were not written first
 
 
 def test_eval_cli_twice_second_run_writes_nothing(
@@ -125,6 +181,7 @@ def test_eval_cli_twice_second_run_writes_nothing(
     second = run_cli(args, cli_env)
     assert second.returncode == 0 and len(list((tmp_path / "rows").glob("*.json"))) == n
     assert f"{n} result rows" in second.stdout
+    assert "nothing recomputed (--force to recompute)" in second.stdout
 
 
 @pytest.mark.parametrize(

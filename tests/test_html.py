@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from robustbench_nacl.eval.rows import ResultRow, load_rows, stamp_ids
 from robustbench_nacl.report.html import embed_json
-from robustbench_nacl.report.leaderboard import main_leaderboard
+from robustbench_nacl.report.leaderboard import main_leaderboard, render_leaderboard
 
 ROWS = Path(__file__).parent / "data" / "leaderboard" / "rows"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -214,3 +215,27 @@ def test_provenance_expands_and_collapses(page: Any, site: dict[str, Any]) -> No
     assert after == f"prov-{rec['entry_id']}"
     page.find_element("css selector", f"tr.entry[data-id={rec['entry_id']}] button.prov-toggle").click()
     assert not page.find_elements("id", f"prov-{rec['entry_id']}")
+
+
+def _page_data(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    block = text.split('<script type="application/json" id="leaderboard-data">', 1)[1].split("</script>", 1)[
+        0
+    ]
+    return json.loads(block)
+
+
+def test_protocol_and_differs_columns_appear_only_when_needed(site: dict[str, Any], tmp_path: Path) -> None:
+    keys = [c["key"] for c in _page_data(site["index"])["columns"]]
+    assert "protocol" not in keys and "differs" not in keys  # one protocol, no ambiguous recipe
+    rows = load_rows(ROWS)
+    seed0 = [
+        r for r in rows if r["loss"] == "simclr" and r["train_seed"] == 0 and r["setting"] == "in-domain"
+    ]
+    other = [ResultRow.from_json(stamp_ids({**r.to_json(), "n_examples": 50})) for r in seed0]
+    data = _page_data(render_leaderboard([*rows, *other], tmp_path)["index.html"])
+    assert [c["key"] for c in data["columns"]][5] == "protocol"
+    notes = {r["cells"]["protocol"]["text"] for r in data["rows"] if r["setting"] == "in-domain"}
+    assert notes == {"n_examples 50", "n_examples 200"}
+    prov = data["rows"][0]["provenance"]
+    assert len(prov["recipe_id"]) == 16 and len(prov["protocol_id"]) == 16

@@ -10,7 +10,8 @@ After an intentional change to the rendering, regenerate them with
 
     ROBUSTBENCH_NACL_UPDATE_GOLDEN=1 python -m pytest tests/test_leaderboard.py
 
-then read the diff (`git diff tests/data/leaderboard/golden`) before committing it.
+then read the diff (`git diff tests/data/leaderboard/golden`) before committing it. When the row
+format changes, bring the fixture rows up to date first (tests/data/leaderboard/README.md).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from typing import Any
 import pytest
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.rows import load_rows
-from robustbench_nacl.report.leaderboard import aggregate, main_leaderboard, rank_entries, render_leaderboard
+from robustbench_nacl.eval.rows import LegacyRowError, ResultRow, load_rows, stamp_ids
+from robustbench_nacl.report.aggregate import aggregate
+from robustbench_nacl.report.leaderboard import main_leaderboard, render_leaderboard
 
 DATA = Path(__file__).parent / "data" / "leaderboard"
 ROWS = DATA / "rows"
@@ -62,8 +64,18 @@ def _find(results: list[dict[str, str]], setting: str, loss: str, key: str | Non
     return rec
 
 
-def _rows() -> list[dict[str, Any]]:
+def _rows() -> list[ResultRow]:
     return load_rows(ROWS)
+
+
+def _changed(row: ResultRow, **changes: Any) -> ResultRow:
+    """A copy of ``row`` with some fields changed and its ids recomputed (as evaluate would)."""
+    return ResultRow.from_json(stamp_ids({**row.to_json(), **changes}))
+
+
+def _tables(md: str, heading: str) -> list[str]:
+    """The Markdown sections whose heading starts with ``heading``."""
+    return [s for s in md.split("\n## ") if s.startswith(heading)]
 
 
 # ============ golden files ============
@@ -204,15 +216,85 @@ def test_ablation_only_where_a_grid_exists(rendered: dict[str, Path], tmp_path: 
 # ============ aggregation details ============
 
 
-def test_duplicate_rows_keep_the_largest_evaluation() -> None:
+def test_an_exact_duplicate_counts_once_and_the_newest_is_kept() -> None:
     rows = _rows()
-    dup = dict(next(r for r in rows if r["loss"] == "simclr" and r["attack"] == "fgsm" and r["eps"] == 0.002))
-    dup |= {"row_id": "dup", "n_examples": 50, "robust_acc": 0.0, "suite": "quick"}
-    entries, dropped = aggregate([*rows, dup])
+    row = next(r for r in rows if r["loss"] == "simclr" and r["attack"] == "fgsm" and r["eps"] == 0.002)
+    newer = ResultRow.from_json(
+        {**row.to_json(), "robust_acc": 0.0, "created_at": "2027-01-01T00:00:00+00:00"}
+    )
+    entries, dropped = aggregate([*rows, newer])
     assert dropped == 1
-    rank_entries(entries, 0.002)
     simclr = next(e for e in entries if e.recipe.loss == "simclr" and e.setting == "in-domain")
-    assert simclr.stat("fgsm_Linf_0.002").mean == pytest.approx(0.43)
+    assert simclr.stat("fgsm_Linf_0.002").mean == pytest.approx((0.0 + 0.45) / 2)  # the newer row of seed 0
+
+
+def _simclr_rows(setting: str = "in-domain") -> list[ResultRow]:
+    return [r for r in _rows() if r["loss"] == "simclr" and r["setting"] == setting]
+
+
+@pytest.mark.parametrize(
+    ("changes", "differs"),
+    [
+        ({"n_examples": 50, "n_examples_evaluated": 50}, "n_examples 50"),
+        ({"suite": "quick", "suite_sha256": "ab" * 32}, "suite `quick` (sha256 `abababababab`)"),
+    ],
+)
+def test_rows_of_another_protocol_are_ranked_in_their_own_table(
+    changes: dict[str, Any], differs: str, tmp_path: Path
+) -> None:
+    # one checkpoint evaluated again under another protocol: its rows must neither be averaged with
+    # nor silently replace the original ones (the old renderer kept the row with most examples)
+    other = [_changed(r, robust_acc=0.0, **changes) for r in _simclr_rows() if r["train_seed"] == 0]
+    md = render_leaderboard([*_rows(), *other], tmp_path)["LEADERBOARD.md"].read_text()
+    tables = _tables(md, "In-domain: probe on digits:0-4")
+    assert len(tables) == 2
+    (small,) = [t for t in tables if differs in t.splitlines()[0]]
+    (full,) = [t for t in tables if t is not small]
+    assert "Not ranked with the other digits:0-4 tables" in small and "protocol:" in full.splitlines()[0]
+    body = [ln for ln in small.splitlines() if ln.startswith("|") and "simclr" in ln]
+    cells = [c.strip() for c in body[0].split("|")]
+    assert (
+        len(body) == 1
+        and cells[1:3] == ["1", "simclr"]
+        and cells[5] == "93.00 ± –"
+        and cells[6] == "0.00 ± –"
+    )
+    assert len([ln for ln in small.splitlines() if ln.startswith("|")]) == 3  # header, rule, simclr alone
+    # the original table is untouched: both seeds, FGSM 43.00 ± 2.83
+    assert "43.00 ± 2.83" in full and "| intnacl" in full
+    assert "- **Protocols**" in md
+
+
+def test_recipes_that_differ_beyond_key_params_are_separate_lines(tmp_path: Path) -> None:
+    # seed 1 of "simclr" turns out to have been trained with another width: two recipes of n = 1
+    rows = []
+    for r in _rows():
+        if r["loss"] == "simclr" and r["train_seed"] == 1:
+            recipe = json.loads(json.dumps(r.recipe))
+            recipe["config"]["encoder_kwargs"] = {"width": 8}
+            r = _changed(r, recipe=recipe)
+        rows.append(r)
+    written = render_leaderboard(rows, tmp_path)
+    md = written["LEADERBOARD.md"].read_text()
+    (table,) = _tables(md, "In-domain: probe on digits:0-4")
+    lines = [ln for ln in table.splitlines() if "| simclr" in ln]
+    assert len(lines) == 2 and "differs" in table.splitlines()[2]
+    assert {ln.split("|")[4].strip() for ln in lines} == {"width=8", "width=–"}
+    assert all(ln.split("|")[5].strip() == "1" for ln in lines)  # n = 1 each: never averaged
+    with open(written["results.csv"], newline="") as f:
+        recs = [r for r in csv.DictReader(f) if r["loss"] == "simclr" and r["setting"] == "in-domain"]
+    assert (
+        len(recs) == 2 and {r["n_seeds"] for r in recs} == {"1"} and len({r["recipe_id"] for r in recs}) == 2
+    )
+    assert {r["clean_mean"] for r in recs} == {"0.930000", "0.950000"}
+
+
+def test_rows_reach_the_renderer_typed_and_grouped_by_their_ids() -> None:
+    entries, dropped = aggregate(_rows())
+    assert dropped == 0 and len(entries) == 16
+    simclr = [e for e in entries if e.recipe.loss == "simclr"]
+    assert len({e.recipe.recipe_id for e in simclr}) == 1 and {len(e.runs) for e in simclr} == {2}
+    assert all(isinstance(r, ResultRow) for e in entries for r in e.rows)
 
 
 # ============ errors ============
@@ -244,3 +326,34 @@ def test_empty_rows_dir_is_user_error(tmp_path: Path) -> None:
         main_leaderboard(tmp_path / "rows", tmp_path / "out")
     with pytest.raises(UserError, match="does not exist"):
         main_leaderboard(tmp_path / "missing", tmp_path / "out")
+
+
+def _legacy(row: ResultRow) -> dict[str, Any]:
+    """A row as the previous row format wrote it (no recipe or protocol identity)."""
+    drop = {"row_format", "recipe_id", "protocol_id", "recipe", "attack_versions", "n_examples_evaluated"}
+    return {k: v for k, v in row.to_json().items() if k not in drop}
+
+
+def test_legacy_rows_fail_with_one_line_saying_how_to_rerun(tmp_path: Path) -> None:
+    shutil.copytree(ROWS, tmp_path / "rows")
+    victims = sorted((tmp_path / "rows").glob("*.json"))[:3]
+    for v in victims:
+        v.write_text(json.dumps(_legacy(ResultRow.from_json(json.loads(v.read_text())))))
+    with pytest.raises(LegacyRowError) as err:
+        main_leaderboard(tmp_path / "rows", tmp_path / "out")
+    msg = str(err.value)
+    assert "\n" not in msg and "3 of 62 result rows" in msg and "older robustbench-nacl" in msg
+    assert "re-run `robustbench-nacl eval CHECKPOINT --out NEW_DIR`" in msg and "zoo/convnet_small." in msg
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(LegacyRowError, match=r"re-run `robustbench-nacl eval zoo/convnet_small\."):
+        render_leaderboard([_legacy(_rows()[0])], tmp_path / "out")
+
+
+def test_a_row_whose_identity_was_edited_is_refused() -> None:
+    rows = _rows()
+    edited = {**rows[0].to_json(), "n_examples": 50}  # protocol field changed, ids not recomputed
+    with pytest.raises(UserError, match=r"protocol_id .* does not match its fields"):
+        render_leaderboard([edited], "/nonexistent/never-written")
+    recipe = json.loads(json.dumps(rows[0].recipe)) | {"kind": "edited"}
+    with pytest.raises(UserError, match=r"recipe_id .* does not match its fields"):
+        render_leaderboard([{**rows[0].to_json(), "recipe": recipe}], "/nonexistent/never-written")

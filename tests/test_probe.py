@@ -1,13 +1,16 @@
-"""Linear probe: frozen encoder stays bit-identical, the hand-written Adam equals torch's, kNN works."""
+"""Linear probe: frozen encoder stays bit-identical, the hand-written Adam equals torch's, kNN works,
+every probe and kNN setting is validated and used."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from torch import nn
 
 from robustbench_nacl.data.datasets import load_dataset
+from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval.probe import (
     ProbeConfig,
     ProbedClassifier,
@@ -16,6 +19,7 @@ from robustbench_nacl.eval.probe import (
     fit_linear_probe,
 )
 from robustbench_nacl.models.encoders import create_encoder
+from robustbench_nacl.models.features import knn_predict
 
 
 def _encoder() -> nn.Module:
@@ -93,3 +97,49 @@ def test_knn_probe_is_a_valid_accuracy_above_chance() -> None:
     train, test = load_dataset("digits", "train"), load_dataset("digits", "test")
     acc = fit_knn_probe(_encoder(), train, test)
     assert 0.2 < acc <= 1.0  # a random conv encoder already separates digits far above 10%
+
+
+def test_knn_votes_do_not_overflow_at_a_small_temperature() -> None:
+    # e^{sim/t} overflows float32 for sim/t > 88.7: with t = 0.01 every vote was inf and the argmax
+    # fell to class 0 whatever the neighbours said; votes e^{(sim - max)/t} rank the same and stay finite
+    q = torch.tensor([[1.0, 0.0]])
+    bank = torch.tensor([[1.0, 0.0]] * 3 + [[0.95, (1 - 0.95**2) ** 0.5]] * 2)
+    bank_y = torch.tensor([1, 1, 1, 0, 0])
+    assert knn_predict(bank, bank_y, q, num_classes=2, k=5, t=0.01).tolist() == [1]
+    assert knn_predict(bank, bank_y, q, num_classes=2, k=5, t=0.1).tolist() == [1]
+
+
+def test_probe_config_records_and_uses_the_knn_parameters() -> None:
+    train, test = load_dataset("digits:0-4", "train"), load_dataset("digits:0-4", "test")
+    for k, t in ((1, 0.1), (50, 0.5)):
+        _, res = fit_linear_probe(_encoder(), train, test, ProbeConfig(epochs=2, knn_k=k, knn_t=t))
+        assert res.knn_acc == fit_knn_probe(_encoder(), train, test, k=k, t=t)
+        assert (res.config["knn_k"], res.config["knn_t"]) == (k, t)
+
+
+def test_probe_seed_none_is_seed_zero_outside_evaluate() -> None:
+    train, test = load_dataset("digits:0-4", "train"), load_dataset("digits:0-4", "test")
+    _, a = fit_linear_probe(_encoder(), train, test, ProbeConfig(epochs=5))
+    _, b = fit_linear_probe(_encoder(), train, test, ProbeConfig(epochs=5, seed=0))
+    assert (a.test_acc, a.best_epoch, a.train_acc) == (b.test_acc, b.best_epoch, b.train_acc)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("epochs", 0, "probe epochs 0: must be an integer >= 1"),
+        ("batch_size", 1.5, "probe batch_size 1.5: must be an integer >= 1"),
+        ("knn_k", 0, "probe knn_k 0: must be an integer >= 1"),
+        ("max_train", 0, "probe max_train 0: must be an integer >= 1"),
+        ("lr", 0.0, r"probe lr 0.0: must be a finite number > 0"),
+        ("knn_t", float("inf"), r"probe knn_t inf: must be a finite number > 0"),
+        ("weight_decay", -1e-3, r"probe weight_decay -0.001: must be a finite number >= 0"),
+    ],
+)
+def test_bad_probe_settings_are_one_line_user_errors(field: str, value: object, message: str) -> None:
+    cfg = dataclasses.replace(ProbeConfig(), **{field: value})
+    with pytest.raises(UserError, match=message):
+        cfg.check()
+    train, test = load_dataset("digits:0-4", "train"), load_dataset("digits:0-4", "test")
+    with pytest.raises(UserError, match=message):  # checked before anything is computed
+        fit_linear_probe(_encoder(), train, test, cfg)

@@ -1,13 +1,18 @@
-"""Trainer: every preset trains, checkpoints are complete, resume is bit-identical, errors are clean."""
+"""Trainer: every preset trains, checkpoints are complete and name their full configuration, resume is
+bit-identical, errors are clean."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,9 +20,20 @@ from conftest import run_cli
 
 from robustbench_nacl import losses
 from robustbench_nacl.errors import NonFiniteLoss, UserError
-from robustbench_nacl.io import sha256_file
+from robustbench_nacl.io import canonical_json, sha256_bytes, sha256_file
 from robustbench_nacl.models.checkpoint import load_state
-from robustbench_nacl.train.trainer import TrainConfig, train
+from robustbench_nacl.train import (
+    TrainConfig,
+    TrainStep,
+    build_model,
+    config_sha256,
+    recipe_sha256,
+    run_id,
+    train,
+    training_config,
+)
+from robustbench_nacl.train import loop as train_loop
+from robustbench_nacl.train.manifest import NOT_TRAINING
 
 TINY = {
     "dataset": "digits:0-2",
@@ -50,7 +66,7 @@ def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_p
         "knn_acc",
     ):
         assert key in manifest, key
-    assert manifest["id"] == f"convnet_small.{preset}_digits-0-2_s0"
+    assert manifest["id"] == f"convnet_small.{preset}_digits-0-2_s0_{manifest['config_sha256'][:8]}"
     assert manifest["weights_sha256"] == sha256_file(out / "weights.safetensors")
     assert 0.0 <= manifest["knn_acc"] <= 1.0
     state = load_state(out / "weights.safetensors", manifest["weights_sha256"])
@@ -60,6 +76,24 @@ def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_p
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [0, 1] and "test_knn_acc" in log[0] and "test_knn_acc" in log[1]
     assert manifest["knn_acc_init"] == log[0]["test_knn_acc"]  # the random-init baseline
+    _check_recorded_configuration(manifest, cfg)
+
+
+def _check_recorded_configuration(manifest: dict[str, Any], cfg: TrainConfig) -> None:
+    """The manifest holds every TrainConfig field, the resolved loss, and the hashes taken of them."""
+    assert manifest["config"] == json.loads(json.dumps(cfg.to_dict()))
+    training = manifest["training_config"]
+    assert training == json.loads(json.dumps(training_config(cfg)))
+    kept = {f.name for f in dataclasses.fields(TrainConfig)} - set(NOT_TRAINING)
+    assert set(training) == kept | {"loss_params", "optimizer", "drop_last"}
+    assert (
+        training["loss_params"]
+        == manifest["loss_params"]
+        == losses.resolve(cfg.loss, cfg.overrides).to_dict()
+    )
+    assert manifest["config_sha256"] == sha256_bytes(canonical_json(training).encode())
+    without_seed = {k: v for k, v in training.items() if k != "seed"}
+    assert manifest["recipe_sha256"] == sha256_bytes(canonical_json(without_seed).encode())
 
 
 def test_same_seed_same_bits_and_fused_views_differ(tmp_path: Path) -> None:
@@ -72,6 +106,79 @@ def test_same_seed_same_bits_and_fused_views_differ(tmp_path: Path) -> None:
     assert c["recipe"]["fuse_views"] is True
     # one pass for both views means BatchNorm statistics over both: different weights
     assert c["weights_sha256"] != a["weights_sha256"]
+
+
+def test_knn_monitor_settings_change_neither_the_weights_nor_the_id(tmp_path: Path) -> None:
+    # why the kNN monitor is left out of the training configuration: it only reads the encoder
+    cfg = TrainConfig(loss="simclr", epochs=1, **TINY)
+    quiet = dataclasses.replace(cfg, knn_every=0, knn_k=20, knn_t=0.5)
+    a = json.loads((train(cfg, tmp_path / "a", progress=False) / "manifest.json").read_text())
+    b = json.loads((train(quiet, tmp_path / "b", progress=False) / "manifest.json").read_text())
+    assert a["weights_sha256"] == b["weights_sha256"]
+    assert a["id"] == b["id"] and a["config_sha256"] == b["config_sha256"]
+    assert a["knn"] != b["knn"]  # the manifests still say how each was monitored
+
+
+def test_default_id_differs_when_one_setting_that_changes_the_weights_does() -> None:
+    base = TrainConfig(loss="simclr", epochs=1, **TINY)
+    assert run_id(base) == run_id(TrainConfig(loss="simclr", epochs=1, **TINY))
+    assert re.fullmatch(r"convnet_small\.simclr_digits-0-2_s0_[0-9a-f]{8}", run_id(base))
+    variants = {
+        "encoder width": dataclasses.replace(base, encoder_kwargs={"width": 16}),
+        "one --set override": dataclasses.replace(base, overrides={"t": 0.2}),
+        "lr": dataclasses.replace(base, lr=1e-3),
+        "epochs": dataclasses.replace(base, epochs=2),
+        "max_train": dataclasses.replace(base, max_train=200),
+        "precision": dataclasses.replace(base, precision="bf16"),
+        "seed": dataclasses.replace(base, seed=1),
+    }
+    ids = {name: run_id(cfg) for name, cfg in variants.items()}
+    assert len({run_id(base), *ids.values()}) == len(variants) + 1, ids
+    # what cannot change the weights leaves the id alone: an override equal to the preset's value,
+    # a float written as an int, where the data lives, the kNN monitor
+    for same in (
+        dataclasses.replace(base, overrides={"t": 0.5}),
+        dataclasses.replace(base, overrides={"t": "0.5"}),  # as --set t=0.5 passes it
+        dataclasses.replace(base, data_root="/elsewhere", knn_every=0),
+        dataclasses.replace(base, dataset="digits:0,1,2"),  # the same classes in the same order
+    ):
+        assert run_id(same) == run_id(base), same
+    assert run_id(dataclasses.replace(base, lr=1)) == run_id(dataclasses.replace(base, lr=1.0))
+    assert run_id(dataclasses.replace(base, id="mine")) == "mine"
+
+
+def test_recipe_hash_is_the_configuration_hash_without_the_seed() -> None:
+    seeds = [training_config(TrainConfig(loss="simclr", seed=s, **TINY)) for s in (0, 1)]
+    wider = training_config(TrainConfig(loss="simclr", **{**TINY, "encoder_kwargs": {"width": 16}}))
+    assert recipe_sha256(seeds[0]) == recipe_sha256(seeds[1])
+    assert config_sha256(seeds[0]) != config_sha256(seeds[1])
+    assert recipe_sha256(wider) != recipe_sha256(seeds[0])
+
+
+def test_bf16_step_hands_the_objective_uncast_float32_views_under_autocast() -> None:
+    # the trainer only opens autocast; casting (or not) the loss inputs is the objective's business
+    cfg = TrainConfig(loss="simclr", precision="bf16", **TINY)
+    params = losses.resolve(cfg.loss)
+    torch.manual_seed(0)
+    model = build_model(cfg, params, channels=1, size=(8, 8), num_classes=3)
+    real = losses.OBJECTIVES.get(params.objective)
+    seen: dict[str, Any] = {}
+
+    def recording(model, views, *args):
+        seen.update(dtypes={v.dtype for v in views}, autocast=torch.is_autocast_enabled("cpu"))
+        return real.loss(model, views, *args)
+
+    step = TrainStep(
+        cfg,
+        params,
+        model,
+        torch.optim.Adam(model.parameters(), lr=cfg.lr),
+        objective=real.__class__(needs=real.needs, loss=recording),
+    )
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (16, 1, 8, 8), dtype=torch.uint8, generator=g)
+    value, _ = step(x, torch.randint(0, 3, (16,), generator=g), g)
+    assert seen == {"dtypes": {torch.float32}, "autocast": True} and math.isfinite(value)
 
 
 def test_refuses_to_overwrite_a_run_and_validates_flags(tmp_path: Path) -> None:
@@ -127,12 +234,20 @@ def test_resume_handles_what_a_kill_can_leave(tmp_path: Path) -> None:
         ("lr", float("inf"), "--lr inf"),
         ("weight_decay", float("nan"), "--weight-decay nan"),
         ("weight_decay", -1e-4, "--weight-decay -0.0001"),
+        ("precision", "fp16", "--precision 'fp16'"),
+        ("epochs", 0, "--epochs 0"),
+        ("batch_size", 1, "--batch-size 1"),
+        ("max_train", 1, "--max-train 1"),
     ],
 )
-def test_optimizer_settings_are_validated_before_training(
-    field: str, value: float, message: str, tmp_path: Path
+def test_settings_are_validated_before_loading_data(
+    field: str, value: Any, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = TrainConfig(loss="simclr", epochs=1, **TINY, **{field: value})
+    def no_data(*args, **kwargs):
+        raise AssertionError("data loaded before the settings were checked")
+
+    monkeypatch.setattr(train_loop, "load_dataset", no_data)
+    cfg = TrainConfig(loss="simclr", **{**TINY, "epochs": 1, field: value})
     with pytest.raises(UserError, match=message):
         train(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
@@ -176,6 +291,13 @@ def _train_args(out: Path, epochs: int) -> list[str]:
     ]
 
 
+def _first_epoch_s(out: Path) -> float | None:
+    """The first epoch's training seconds once the run has logged it, else None."""
+    log = out / "log.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return next((r["wall_s"] for r in rows if r["epoch"] == 1), None)
+
+
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bit_identical(tmp_path: Path, cli_env: dict[str, str]) -> None:
     epochs = 3
@@ -190,10 +312,12 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path: Path, cli_env: dict[str,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # kill half an epoch after epoch 1 was logged (the log is written after the state), with the
+    # epoch's length measured by the run itself: inside epoch 2 however fast or loaded the machine
     deadline = time.time() + 240
-    while not (out / "train_state.pt").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(0.3)  # now inside epoch 2
+    while (epoch_s := _first_epoch_s(out)) is None and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    time.sleep(0.5 * (epoch_s or 0.0))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"

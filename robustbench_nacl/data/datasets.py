@@ -55,6 +55,7 @@ __all__ = [
     "SPLITS",
     "DatasetSpec",
     "ImageData",
+    "canonical_spec",
     "clear_cache",
     "data_root",
     "dataset_names",
@@ -179,6 +180,18 @@ def parse_spec(spec: str) -> DatasetSpec:
     return DatasetSpec(name=name, subset=subset, shift=shift_name)
 
 
+def canonical_spec(spec: str) -> str:
+    """The one spelling of a dataset spec, for identities and grouping: ``digits:5,6,7,8,9``,
+    ``digits: 5-9`` and ``digits:5-9`` are all ``digits:5-9``; a subset that keeps every class in
+    its original order is the whole dataset (``digits:0-9`` -> ``digits``). Class order is kept:
+    it is the label order, so ``digits:9,8`` is another dataset than ``digits:8,9``."""
+    parsed = parse_spec(spec)
+    n = int(DATASETS.info(parsed.name)["num_classes"])
+    if parsed.subset == tuple(range(n)):
+        parsed = DatasetSpec(name=parsed.name, subset=None, shift=parsed.shift)
+    return str(parsed)
+
+
 def normalization(name_or_spec: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel (mean, std) of the dataset's default normalisation.
 
@@ -241,10 +254,17 @@ def clear_cache() -> None:
 
 
 def _format_classes(classes: tuple[int, ...]) -> str:
-    """``(0,1,2,3)`` -> ``0-3``; anything not an ascending run -> ``a,b,c``."""
-    if len(classes) > 1 and list(classes) == list(range(classes[0], classes[-1] + 1)):
-        return f"{classes[0]}-{classes[-1]}"
-    return ",".join(str(c) for c in classes)
+    """Class ids in label order, ascending runs of two or more written as ranges:
+    ``(0,1,2,3)`` -> ``0-3``, ``(0,1,2,3,4,7)`` -> ``0-4,7``, ``(9,8)`` -> ``9,8``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(classes):
+        j = i
+        while j + 1 < len(classes) and classes[j + 1] == classes[j] + 1:
+            j += 1
+        parts.append(f"{classes[i]}-{classes[j]}" if j > i else str(classes[i]))
+        i = j + 1
+    return ",".join(parts)
 
 
 def _parse_classes(spec: str, name: str, text: str) -> tuple[int, ...]:

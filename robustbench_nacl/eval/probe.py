@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -17,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from ..data.datasets import ImageData
-from ..models.features import extract_features, knn_accuracy
+from ..errors import UserError
+from ..models.features import KNN_K, KNN_T, extract_features, knn_accuracy
 from ..utils import cpu_threads
 
 
@@ -45,14 +47,38 @@ class ProbedClassifier(nn.Module):
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    """Linear-probe recipe (NaCl/CLAE: Adam 3e-4, batch 256, 1000 epochs, no augmentation)."""
+    """Linear-probe and kNN recipe (NaCl/CLAE: Adam 3e-4, batch 256, 1000 epochs, no augmentation).
 
-    epochs: int = 1000
-    lr: float = 3e-4
-    batch_size: int = 256
-    weight_decay: float = 0.0
-    seed: int = 0
+    Every field is recorded in each result row (``probe_config``) and, except ``seed``, is part of
+    the row's protocol: rows measured with different probe settings are never ranked together.
+    """
+
+    epochs: int = 1000  # probe training epochs on the cached features
+    lr: float = 3e-4  # Adam learning rate of the linear probe
+    batch_size: int = 256  # probe minibatch size (the whole training set if smaller)
+    weight_decay: float = 0.0  # L2 weight decay of the probe (torch Adam's, bias included)
+    seed: int | None = None  # probe init and batch order; None: the evaluation seed (0 outside evaluate)
     max_train: int | None = None  # train the probe on the first N training images only (budgeted demos)
+    knn_k: int = KNN_K  # neighbours of the weighted-kNN clean metric (knn_acc)
+    knn_t: float = KNN_T  # temperature of the weighted-kNN votes e^{sim/t}
+
+    def check(self) -> None:
+        """Raise a one-line ``UserError`` for a setting that cannot be run."""
+        ints = {"epochs": self.epochs, "batch_size": self.batch_size, "knn_k": self.knn_k}
+        for name, v in ints.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"probe {name} {v!r}: must be an integer >= 1")
+        if self.max_train is not None and (not isinstance(self.max_train, int) or self.max_train < 1):
+            raise UserError(f"probe max_train {self.max_train!r}: must be an integer >= 1 (or unset)")
+        reals = {
+            "lr": (self.lr, False),
+            "knn_t": (self.knn_t, False),
+            "weight_decay": (self.weight_decay, True),
+        }
+        for name, (v, zero_ok) in reals.items():
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v < 0 or (v == 0 and not zero_ok):
+                raise UserError(f"probe {name} {v!r}: must be a finite number {'>= 0' if zero_ok else '> 0'}")
 
 
 @dataclass(frozen=True)
@@ -63,7 +89,7 @@ class ProbeResult:
     best_test_acc: float  # best over epochs: selected on the test set (CLAE's number), for comparison only
     best_epoch: int
     train_acc: float
-    knn_acc: float  # weighted kNN (k=200, t=0.1) on the same features: a second clean metric
+    knn_acc: float  # weighted kNN (config knn_k, knn_t) on the same features: a second clean metric
     n_train: int
     n_test: int
     config: dict[str, Any]
@@ -92,6 +118,7 @@ def fit_linear_probe(
     statistics included, is bit-identical before and after (tested).
     """
     cfg = cfg or ProbeConfig()
+    cfg.check()
     device = next(encoder.parameters()).device
     encoder.eval()
     if cfg.max_train is not None:
@@ -100,7 +127,7 @@ def fit_linear_probe(
     f_test = extract_features(encoder, test.x, batch_size=feature_batch).to(device)
     y_train, y_test = train.y.to(device), test.y.to(device)
 
-    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
+    gen = torch.Generator(device="cpu").manual_seed(0 if cfg.seed is None else cfg.seed)
     head = nn.Linear(f_train.shape[1], train.num_classes).to(device)
     with torch.no_grad():  # seeded init, independent of the global RNG
         bound = 1.0 / f_train.shape[1] ** 0.5
@@ -109,12 +136,15 @@ def fit_linear_probe(
     # One thread: this loop is many tiny ops, which contended threads only slow down.
     with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
         best_acc, best_epoch = _train_head(head, f_train, y_train, f_test, y_test, cfg, gen)
+    knn = knn_accuracy(
+        f_train.cpu(), train.y, f_test.cpu(), test.y, num_classes=train.num_classes, k=cfg.knn_k, t=cfg.knn_t
+    )
     result = ProbeResult(
         test_acc=_accuracy(head, f_test, y_test),
         best_test_acc=best_acc,
         best_epoch=best_epoch,
         train_acc=_accuracy(head, f_train, y_train),
-        knn_acc=knn_accuracy(f_train.cpu(), train.y, f_test.cpu(), test.y, num_classes=train.num_classes),
+        knn_acc=knn,
         n_train=len(f_train),
         n_test=len(f_test),
         config=asdict(cfg),
@@ -170,7 +200,7 @@ def _train_head(
 
 
 def fit_knn_probe(
-    encoder: nn.Module, train: ImageData, test: ImageData, *, k: int = 200, t: float = 0.1
+    encoder: nn.Module, train: ImageData, test: ImageData, *, k: int = KNN_K, t: float = KNN_T
 ) -> float:
     """Weighted kNN accuracy of the frozen encoder's features (a second clean metric)."""
     bank = extract_features(encoder, train.x)

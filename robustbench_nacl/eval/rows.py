@@ -1,24 +1,59 @@
 """Result rows: the only thing that leaves an evaluation.
 
-One flat JSON file per row, content-addressed by the fields that determine its numbers, written
-atomically. Re-running an evaluation whose rows exist is a no-op, and any number of workers can
-write into one directory without coordination (same address -> same content).
+A row is a :class:`ResultRow`: typed required fields plus free-form provenance (``extra``). On disk
+it is one flat JSON object per file (``ResultRow.to_json``), content-addressed by the fields that
+determine its numbers and written atomically, so re-running an evaluation whose rows exist is a
+no-op and any number of workers can write into one directory without coordination.
+
+Every row names what was trained and how it was measured (see docs/decisions.md, 'Result rows,
+recipes and protocols'):
+
+- ``recipe_id``: a hash of the training recipe (the full training configuration minus the seed;
+  for a checkpoint not written by ``train``, its weights' sha256). Rows of one recipe are seeds of
+  one leaderboard line; rows of different recipes never are.
+- ``protocol_id``: a hash of the evaluation protocol (:func:`protocol_of`). Rows of different
+  protocols are never ranked in one table.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..attack.threat import eps_label  # noqa: F401  (re-exported for renderers)
 from ..errors import UserError
-from ..io import write_json_atomic
+from ..io import canonical_json, write_json_atomic
 
 ROWS_DIR = "rows"
+#: Version of the on-disk row layout; rows without recipe_id/protocol_id are format 1.
+ROW_FORMAT = 2
+SETTINGS = ("in-domain", "transfer", "shift")
+# Loss parameters shown as a recipe's "key parameters" (the ``key_params`` display column) when they
+# differ from SimCLR's defaults. Display only: recipes are told apart by recipe_id.
+KEY_PARAMS = (
+    "G1",
+    "M",
+    "lam",
+    "combine",
+    "positives",
+    "alpha",
+    "G2",
+    "w",
+    "tau_plus",
+    "beta",
+    "t",
+    "views",
+    "m_views",
+    "mix_alpha",
+    "noise_scale",
+)
 
-# The fields that determine a row's numbers; everything else in a row is provenance.
+# The fields that determine a row's numbers (its content address); everything else is provenance.
 IDENTITY = (
     "checkpoint_sha256",
     "setting",
@@ -31,19 +66,226 @@ IDENTITY = (
     "n_examples",
     "probe_config",
     "suite_sha256",
+    "attack_versions",
 )
 
-# Every row carries these besides its identity; a row lacking one is incomplete.
-RESULT_KEYS = ("row_id", "clean_acc", "robust_acc", "n_examples_evaluated", "sanity_ok")
+
+def _hash(obj: Any, n: int = 24) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:n]
 
 
-def row_id(identity: dict[str, Any]) -> str:
+def row_id(identity: Mapping[str, Any]) -> str:
     """The content address: sha256 of the canonical JSON of the identity fields."""
     missing = [k for k in IDENTITY if k not in identity]
     if missing:
         raise ValueError(f"row identity lacks {missing}")
+    # default=str: legacy identities may hold non-JSON values; new rows are plain JSON already
     canon = json.dumps({k: identity[k] for k in IDENTITY}, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canon.encode()).hexdigest()[:24]
+
+
+def recipe_id(recipe: Mapping[str, Any]) -> str:
+    """The recipe's id: a hash of its canonical JSON (the recipe never holds the seed)."""
+    return _hash(dict(recipe), 16)
+
+
+def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What must be equal for two rows to be ranked in one table (see docs/decisions.md,
+    'Result rows, recipes and protocols'). The probe seed is not part of it: seeds are runs."""
+    probe = {k: v for k, v in dict(row["probe_config"]).items() if k != "seed"}
+    return {
+        "dataset": row["dataset"],
+        "setting": row["setting"],
+        "suite_sha256": row["suite_sha256"],
+        "probe": probe,
+        "n_examples": row["n_examples"],
+        "attack_versions": dict(row["attack_versions"]),
+    }
+
+
+def protocol_id(row: Mapping[str, Any]) -> str:
+    """The hash of :func:`protocol_of`."""
+    return _hash(protocol_of(row), 16)
+
+
+def stamp_ids(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with ``recipe_id``, ``protocol_id`` and ``row_id`` computed from its own fields."""
+    out = dict(data)
+    out["recipe_id"] = recipe_id(out["recipe"])
+    out["protocol_id"] = protocol_id(out)
+    out["row_id"] = row_id(out)
+    return out
+
+
+class LegacyRowError(UserError):
+    """A row written before rows carried recipe and protocol ids (format 1)."""
+
+
+_STR = ("row_id", "recipe_id", "protocol_id", "checkpoint_id", "checkpoint_sha256", "encoder", "loss")
+_STR += ("key_params", "setting", "dataset", "attack", "norm", "suite_sha256")
+_DICT = ("attack_params", "probe_config", "attack_versions", "recipe")
+
+
+@dataclass(frozen=True, eq=False)
+class ResultRow(Mapping[str, Any]):
+    """One measured number with everything that identifies it; reads like the flat JSON dict.
+
+    ``row["clean_acc"]``, ``row.get("shift")``, ``dict(row)`` and ``row == json_dict`` all work;
+    the typed fields are the required keys (:data:`REQUIRED`), ``extra`` holds the rest
+    (provenance, per-attack details, ``sanity_*`` flags, ``robust_bits``/``clean_bits``).
+    """
+
+    row_format: int
+    row_id: str
+    recipe_id: str
+    protocol_id: str
+    checkpoint_id: str
+    checkpoint_sha256: str
+    encoder: str
+    loss: str
+    key_params: str  # display only: the recipe's loss parameters that differ from SimCLR's
+    control: bool
+    pretrain_dataset: str | None
+    setting: str
+    dataset: str  # canonical spec (data.datasets.canonical_spec)
+    attack: str
+    norm: str
+    eps: float
+    seed: int
+    n_examples: int | None  # requested (None: every test example)
+    n_examples_evaluated: int
+    clean_acc: float
+    robust_acc: float
+    sanity_ok: bool
+    suite_sha256: str
+    attack_params: dict[str, Any]
+    probe_config: dict[str, Any]
+    attack_versions: dict[str, Any]
+    recipe: dict[str, Any]  # what recipe_id hashes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ---- Mapping: the flat JSON view ----
+
+    def __getitem__(self, key: str) -> Any:
+        if key in _FIELDS:
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from _FIELDS
+        yield from self.extra
+
+    def __len__(self) -> int:
+        return len(_FIELDS) + len(self.extra)
+
+    def __repr__(self) -> str:
+        what = f"{self.checkpoint_id} {self.setting} {self.dataset} {self.attack} {self.eps:g}"
+        return f"ResultRow({self.row_id}: {what})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The flat JSON object stored on disk."""
+        return {**{k: getattr(self, k) for k in _FIELDS}, **self.extra}
+
+    @property
+    def protocol(self) -> dict[str, Any]:
+        """The evaluation protocol this row was measured under (:func:`protocol_of`)."""
+        return protocol_of(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, source: str | Path | None = None) -> ResultRow:
+        """Validate a flat row and type it; every problem is a one-line ``UserError`` naming the row."""
+        if isinstance(data, ResultRow):
+            return data
+        where = _where(data, source)
+        if not isinstance(data, Mapping):
+            raise UserError(f"{where} is not a JSON object")
+        if _is_legacy(data):
+            raise LegacyRowError(_legacy_message(where, data))
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise UserError(f"{where} lacks required key(s) {', '.join(missing)}")
+        _check_types(data, where)
+        _check_ids(data, where)
+        typed = {k: data[k] for k in _FIELDS}
+        return cls(**typed, extra={k: v for k, v in data.items() if k not in _FIELDS})
+
+
+_FIELDS = tuple(f.name for f in fields(ResultRow) if f.name != "extra")
+#: Every key a row must carry: the typed fields of ResultRow, spelled out once (there).
+REQUIRED = _FIELDS
+#: The required keys that are not part of the identity (results and ids).
+RESULT_KEYS = tuple(k for k in REQUIRED if k not in IDENTITY)
+
+
+def _where(data: Any, source: str | Path | None) -> str:
+    at = f" in {source}" if source else ""
+    rid = data.get("row_id") if isinstance(data, Mapping) else None
+    if rid:
+        return f"result row {rid}{at}"
+    ckpt = data.get("checkpoint_id") if isinstance(data, Mapping) else None
+    return f"result row{at} (checkpoint_id={ckpt!r})"
+
+
+def _legacy_message(where: str, data: Mapping[str, Any]) -> str:
+    ckpt = data.get("checkpoint") or data.get("checkpoint_id") or "CHECKPOINT"
+    return (
+        f"{where} was written by an older robustbench-nacl (no recipe_id/protocol_id, so different "
+        f"training recipes and evaluation protocols cannot be told apart); re-run "
+        f"`robustbench-nacl eval {ckpt} --out NEW_DIR` (and the same for every other checkpoint of "
+        "that directory) and render the leaderboard from NEW_DIR"
+    )
+
+
+def _is_legacy(data: Mapping[str, Any]) -> bool:
+    return not any(k in data for k in ("row_format", "recipe_id", "protocol_id"))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_types(d: Mapping[str, Any], where: str) -> None:
+    if d["row_format"] != ROW_FORMAT:
+        raise UserError(f"{where}: row_format {d['row_format']!r} is not {ROW_FORMAT}; re-run its evaluation")
+    for k in ("eps", "clean_acc", "robust_acc"):
+        if not _is_number(d[k]):
+            raise UserError(f"{where}: {k} must be a finite number, got {d[k]!r}")
+    for k in ("clean_acc", "robust_acc"):
+        if not 0.0 <= d[k] <= 1.0:
+            raise UserError(f"{where}: {k} must lie in [0, 1], got {d[k]!r}")
+    if d["setting"] not in SETTINGS:
+        raise UserError(f"{where}: unknown setting {d['setting']!r}; valid: {', '.join(SETTINGS)}")
+    for k in ("control", "sanity_ok"):
+        if not isinstance(d[k], bool):
+            raise UserError(f"{where}: {k} must be true or false, got {d[k]!r}")
+    for k in _STR:
+        if not isinstance(d[k], str):
+            raise UserError(f"{where}: {k} must be a string, got {d[k]!r}")
+    if d["pretrain_dataset"] is not None and not isinstance(d["pretrain_dataset"], str):
+        raise UserError(f"{where}: pretrain_dataset must be a string or null, got {d['pretrain_dataset']!r}")
+    ints = {"seed": d["seed"], "n_examples_evaluated": d["n_examples_evaluated"]}
+    if d["n_examples"] is not None:
+        ints["n_examples"] = d["n_examples"]
+    for k, v in ints.items():
+        if not _is_int(v):
+            raise UserError(f"{where}: {k} must be an integer, got {v!r}")
+    for k in _DICT:
+        if not isinstance(d[k], Mapping):
+            raise UserError(f"{where}: {k} must be a JSON object, got {d[k]!r}")
+
+
+def _check_ids(d: Mapping[str, Any], where: str) -> None:
+    # the ids are hashes of the row's own fields: a mismatch means the file was edited or corrupted
+    for name, want in (("recipe_id", recipe_id(d["recipe"])), ("protocol_id", protocol_id(d))):
+        if d[name] != want:
+            raise UserError(
+                f"{where}: {name} {d[name]!r} does not match its fields ({want}); the row was edited or "
+                "is corrupt: delete it and re-run its evaluation"
+            )
 
 
 def row_path(out: str | Path, rid: str) -> Path:
@@ -51,15 +293,15 @@ def row_path(out: str | Path, rid: str) -> Path:
     return Path(out) / ROWS_DIR / f"{rid}.json"
 
 
-def write_row(out: str | Path, row: dict[str, Any]) -> Path:
+def write_row(out: str | Path, row: ResultRow) -> Path:
     """Write one row atomically at its content address; returns the path."""
-    path = row_path(out, row["row_id"])
-    write_json_atomic(path, row)
+    path = row_path(out, row.row_id)
+    write_json_atomic(path, row.to_json())
     return path
 
 
 def read_row(path: str | Path) -> dict[str, Any]:
-    """Parse one row file (a one-line UserError if it is not a JSON object)."""
+    """Parse one row file into its raw JSON object (a one-line UserError if it is not one)."""
     try:
         row = json.loads(Path(path).read_text())
     except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
@@ -69,32 +311,42 @@ def read_row(path: str | Path) -> dict[str, Any]:
     return row
 
 
-def read_valid_row(path: str | Path, rid: str) -> dict[str, Any] | None:
-    """The row stored at ``path`` if it is complete and is the row ``rid``; None if it is missing,
-    unreadable, truncated or foreign (such a row is recomputed, never trusted)."""
+def read_valid_row(path: str | Path, rid: str) -> ResultRow | None:
+    """The row stored at ``path`` if it is complete, current and is the row ``rid``; None if it is
+    missing, unreadable, truncated, legacy or foreign (such a row is recomputed, never trusted)."""
     try:
-        row = read_row(path)
+        row = ResultRow.from_json(read_row(path), source=path)
     except UserError:
         return None
-    if row.get("row_id") != rid or any(k not in row for k in (*IDENTITY, *RESULT_KEYS)):
-        return None
-    return row
+    return row if row.row_id == rid and row_id(row) == rid else None
 
 
-def load_rows(directory: str | Path) -> list[dict[str, Any]]:
-    """Every row under ``directory`` (its ``rows/`` subfolder if present), in a stable order."""
+def load_rows(directory: str | Path) -> list[ResultRow]:
+    """Every row under ``directory`` (its ``rows/`` subfolder if present), validated, in a stable order.
+
+    Rows written before rows carried recipe and protocol ids fail with one line saying how to
+    re-run their evaluations.
+    """
     d = Path(directory)
     if not d.is_dir():
         raise UserError(f"rows directory {d} does not exist; run `robustbench-nacl eval ... --out {d}` first")
     base = d / ROWS_DIR if (d / ROWS_DIR).is_dir() else d
-    rows = [read_row(p) for p in sorted(base.glob("*.json"))]
-    return sorted(
-        rows,
-        key=lambda r: (
-            str(r.get("checkpoint_id")),
-            str(r.get("setting")),
-            str(r.get("dataset")),
-            str(r.get("attack")),
-            r.get("eps", 0),
-        ),
-    )
+    raw = [(p, read_row(p)) for p in sorted(base.glob("*.json"))]
+    legacy = [
+        (p, r) for p, r in raw if "recipe_id" not in r and "protocol_id" not in r and "row_format" not in r
+    ]
+    if legacy:
+        ckpts = sorted({str(r.get("checkpoint") or r.get("checkpoint_id")) for _, r in legacy})
+        raise LegacyRowError(
+            f"{len(legacy)} of {len(raw)} result rows in {base} were written by an older robustbench-nacl "
+            "(no recipe_id/protocol_id, so different training recipes and evaluation protocols cannot be "
+            f"told apart); re-run `robustbench-nacl eval CHECKPOINT --out NEW_DIR` for "
+            f"{len(ckpts)} checkpoint(s) ({', '.join(ckpts[:3])}{', ...' if len(ckpts) > 3 else ''}) "
+            "and render the leaderboard from NEW_DIR"
+        )
+    rows = [ResultRow.from_json(r, source=base) for _, r in raw]
+    return sorted(rows, key=_order)
+
+
+def _order(r: ResultRow) -> tuple:
+    return (r.checkpoint_id, r.setting, r.dataset, r.attack, r.eps, r.row_id)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+#: Weighted-kNN defaults of the SimCLR/DCL monitors (Wu et al. 2018): 200 neighbours, t = 0.1.
+KNN_K = 200
+KNN_T = 0.1
 
 
 def as_float_images(x: Tensor) -> Tensor:
@@ -41,22 +47,36 @@ def knn_predict(
     query: Tensor,
     *,
     num_classes: int,
-    k: int = 200,
-    t: float = 0.1,
+    k: int = KNN_K,
+    t: float = KNN_T,
     chunk: int = 1024,
 ) -> Tensor:
-    """Weighted kNN (Wu et al. 2018, as in the SimCLR/DCL monitors): cosine top-k, votes e^{sim/t}."""
+    """Weighted kNN (Wu et al. 2018, as in the SimCLR/DCL monitors): cosine top-k, votes e^{sim/t}.
+
+    Votes are computed as e^{(sim - max sim)/t}: the same per-query scale, so the same argmax, but
+    no overflow for a small ``t`` (e^{1/0.01} is inf in float32). ``k`` above the bank size uses
+    the whole bank.
+    """
+    check_knn(k, t)
     bank = F.normalize(bank.float(), dim=1)
     query = F.normalize(query.float(), dim=1)
     k = min(k, len(bank))
     preds = []
     for i in range(0, len(query), chunk):
         sim = query[i : i + chunk] @ bank.T
-        top, idx = sim.topk(k, dim=1)
+        top, idx = sim.topk(k, dim=1)  # sorted: top[:, :1] is each query's largest similarity
         votes = torch.zeros(len(top), num_classes, dtype=top.dtype)
-        votes.scatter_add_(1, bank_y[idx], (top / t).exp())
+        votes.scatter_add_(1, bank_y[idx], ((top - top[:, :1]) / t).exp())
         preds.append(votes.argmax(dim=1))
     return torch.cat(preds)
+
+
+def check_knn(k: int, t: float) -> None:
+    """Refuse a kNN setting that has no meaning (ValueError; the evaluator turns it into a UserError)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"kNN k must be an integer >= 1, got {k!r}")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+        raise ValueError(f"kNN temperature t must be a finite number > 0, got {t!r}")
 
 
 def knn_accuracy(
@@ -66,8 +86,8 @@ def knn_accuracy(
     query_y: Tensor,
     *,
     num_classes: int,
-    k: int = 200,
-    t: float = 0.1,
+    k: int = KNN_K,
+    t: float = KNN_T,
 ) -> float:
     """Fraction of queries whose weighted-kNN vote is their label."""
     pred = knn_predict(bank, bank_y, query, num_classes=num_classes, k=k, t=t)

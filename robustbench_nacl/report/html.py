@@ -17,6 +17,9 @@ import json
 import re
 from typing import Any
 
+from .aggregate import MISSING, Context, Entry, distinct, fmt_with_n, provenance
+from .export import display_order
+
 _CSS = """
 :root { color-scheme: light dark; --fg: #1b1f24; --bg: #fff; --mute: #57606a; --line: #d0d7de;
   --head: #f6f8fa; --hi: #fff8c5; --ctrl: #eef1f4; }
@@ -90,6 +93,8 @@ _JS = r"""
     const items = [
       ["checkpoints", p.checkpoints.map(c => c.id + "  sha256 " + c.sha256).join("\n")],
       ["suite", p.suites.map(s => s.name + "  sha256 " + s.sha256).join("\n")],
+      ["recipe id", p.recipe_id],
+      ["protocol id", p.protocol_id],
       ["training seeds", p.train_seeds.join(", ")],
       ["evaluation seeds", p.eval_seeds.join(", ")],
       ["n examples", p.n_examples.join(", ")],
@@ -201,7 +206,7 @@ def render_page(
     rows: list[dict[str, Any]],
     images: list[tuple[str, str]],
 ) -> str:
-    """The whole page; ``images``: (relative path, caption); ``rows``: from ``leaderboard.html_table``."""
+    """The whole page; ``images``: (relative path, caption); ``columns`` and ``rows``: :func:`html_table`."""
     items = "\n".join(f"<li><b>{html.escape(k)}</b>: {_inline_md(v)}</li>" for k, v in legend)
     figures = "\n".join(
         f'<figure><img class="plot" src="{html.escape(src)}" alt="{html.escape(cap)}">'
@@ -244,3 +249,88 @@ numbers.</p></noscript>
 </body>
 </html>
 """
+
+
+# ============ the table's data ============
+
+
+def html_columns(ctx: Context) -> list[dict[str, Any]]:
+    """The page's columns; "differs" and "protocol" only when some entry needs them."""
+    metrics = {"clean": "clean", "fgsm": f"FGSM@{ctx.eps_text}", "pgd": f"PGD@{ctx.eps_text}"}
+    optional = [
+        ("differs", "differs", any(e.recipe.differs for e in ctx.entries)),
+        ("protocol", "protocol", any(t.note for t in ctx.tables)),
+    ]
+    return [
+        {"key": "rank", "label": "rank", "numeric": True},
+        {"key": "setting", "label": "setting", "numeric": False},
+        {"key": "dataset", "label": "dataset", "numeric": False},
+        {"key": "family", "label": "loss family", "numeric": False},
+        {"key": "key_params", "label": "key parameters", "numeric": False},
+        *({"key": k, "label": label, "numeric": False} for k, label, on in optional if on),
+        {"key": "encoder", "label": "encoder", "numeric": False},
+        {"key": "pretrain", "label": "pretrained on", "numeric": False},
+        {"key": "n", "label": "n", "numeric": True},
+        *({"key": k, "label": v, "numeric": True} for k, v in metrics.items()),
+        {"key": "sanity", "label": "sanity", "numeric": False},
+    ]
+
+
+def html_table(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Columns and rows for the HTML page: every cell has display text and, if numeric, a sort value."""
+    note = {id(e): t.note for t in ctx.tables for e in t.entries}
+    rows = []
+    for e in display_order(ctx):
+        n = len(e.runs)
+        stats = {"clean": e.stat("clean"), "fgsm": e.stat(ctx.fgsm), "pgd": e.stat(ctx.pgd)}
+        fails = distinct(c for _, checks in e.failures() for c in checks)
+        cells = {
+            "rank": {"text": str(e.rank), "value": e.rank},
+            "setting": {"text": e.setting},
+            "dataset": {"text": e.dataset},
+            "family": {"text": e.recipe.family},
+            "key_params": {"text": e.recipe.key_params or MISSING},
+            "differs": {"text": e.recipe.differs or MISSING},
+            "protocol": {"text": note[id(e)] or MISSING},
+            "encoder": {"text": e.recipe.encoder},
+            "pretrain": {"text": e.recipe.pretrain_dataset},
+            "n": {"text": str(n), "value": n},
+            **{k: {"text": fmt_with_n(s, n), "value": _round(s.mean)} for k, s in stats.items()},
+            "sanity": {"text": "⚠ " + ", ".join(fails) if fails else "ok"},
+        }
+        entry = {"id": e.uid, "setting": e.setting, "control": e.recipe.control, "cells": cells}
+        rows.append(entry | {"provenance": _entry_provenance(e)})
+    return html_columns(ctx), rows
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def _entry_provenance(e: Entry) -> dict[str, Any]:
+    p = provenance(e.rows)
+    created = distinct(r.get("created_at") for r in e.rows)
+    return {
+        "checkpoints": [{"id": c, "sha256": s} for c, s in p["checkpoints"]],
+        "suites": [{"name": n, "sha256": s} for n, s in p["suites"]],
+        "recipe_id": e.recipe.recipe_id,
+        "protocol_id": e.protocol_id,
+        "train_seeds": p["train_seeds"],
+        "eval_seeds": p["eval_seeds"],
+        "n_examples": p["n_examples"],
+        "versions": p["versions"],
+        "devices": p["devices"],
+        "n_rows": len(e.rows),
+        "created": [created[0], created[-1]] if created else [],
+        "sanity_failed": [
+            {
+                "checkpoint_id": r["checkpoint_id"],
+                "seed": r.get("seed"),
+                "attack": r["attack"],
+                "norm": r["norm"],
+                "eps": r["eps"],
+                "failed": checks,
+            }
+            for r, checks in e.failures()
+        ],
+    }

@@ -1,0 +1,474 @@
+"""Rows -> recipes, protocols, entries and tables: everything the renderers share.
+
+A *recipe* is what was trained (``recipe_id``: the training configuration minus the seed); a
+*protocol* is how it was measured (``protocol_id``: dataset, setting, suite, probe, kNN, number of
+examples, attack versions). An *entry* is one recipe under one protocol, aggregated over its *runs*
+(one run = one checkpoint x evaluation seed x probe seed) as mean and sample standard deviation
+(ddof = 1). A *table* holds the entries that may be ranked together: one protocol (for the shift
+setting, one protocol up to the shift variant). Rows of different recipes are never averaged and
+rows of different protocols are never ranked together (see docs/decisions.md, 'Result rows,
+recipes and protocols').
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+from ..eval.rows import KEY_PARAMS, SETTINGS, ResultRow, eps_label
+
+HEADLINE_EPS = 0.002
+CONTROL_LABEL = "random-init (control)"
+MISSING = "–"
+
+Run = tuple[str, Any, Any]  # (checkpoint sha256, evaluation seed, probe seed)
+MetricKey = tuple[str, str, float]  # (attack, norm, eps)
+
+
+# ============ recipes, statistics, entries ============
+
+
+@dataclass(frozen=True, order=True)
+class Recipe:
+    """What was trained: the unit a leaderboard line describes (seeds are aggregated away).
+
+    ``recipe_id`` alone identifies it; the other fields are what the tables show. ``differs`` names
+    what sets it apart from other recipes of the same family that its key parameters do not show.
+    """
+
+    encoder: str
+    pretrain_dataset: str
+    loss: str
+    key_params: str
+    control: bool
+    recipe_id: str
+    differs: str = field(default="", compare=False)
+
+    @property
+    def family(self) -> str:
+        """The loss-family column: the preset name, or the control marker."""
+        return CONTROL_LABEL if self.control else self.loss
+
+    def label(self, *, encoder: bool = False, dataset: bool = False) -> str:
+        """Short human label; encoder/dataset are added only when they vary across the leaderboard."""
+        parts = [self.family]
+        if self.key_params:
+            parts.append(f"[{self.key_params}]")
+        extra = [self.differs] if self.differs else []
+        extra += [x for x, on in ((self.encoder, encoder), (self.pretrain_dataset, dataset)) if on]
+        if extra:
+            parts.append(f"({', '.join(extra)})")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample std (None for a single run) of one metric over runs."""
+
+    mean: float | None
+    std: float | None
+    n: int
+
+    @staticmethod
+    def of(values: Iterable[float]) -> Stat:
+        v = np.asarray(list(values), dtype=float)
+        if v.size == 0:
+            return Stat(None, None, 0)
+        return Stat(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else None, int(v.size))
+
+
+def _short_hash(obj: Any, n: int = 10) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
+@dataclass
+class Entry:
+    """One recipe under one protocol (one setting, one evaluated dataset), aggregated over its runs."""
+
+    recipe: Recipe
+    protocol_id: str
+    protocol: dict[str, Any]
+    rows: list[ResultRow]
+    stats: dict[str, Stat]
+    runs: list[Run]
+    rank: int = 0
+    uid: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        # stable across renders and row order: the browser test and deep links rely on it
+        self.uid = "e" + _short_hash([self.recipe.recipe_id, self.protocol_id])
+
+    @property
+    def setting(self) -> str:
+        return str(self.protocol["setting"])
+
+    @property
+    def dataset(self) -> str:
+        return str(self.protocol["dataset"])
+
+    @property
+    def shift(self) -> str | None:
+        return self.rows[0].get("shift") or (self.dataset.split("@", 1)[1] if "@" in self.dataset else None)
+
+    @property
+    def context(self) -> str:
+        """The protocol without its dataset and setting: entries of one context can share a table
+        row (the in-domain table's transfer columns, the shift table's variants)."""
+        return _short_hash({k: v for k, v in self.protocol.items() if k not in ("dataset", "setting")})
+
+    def stat(self, name: str) -> Stat:
+        return self.stats.get(name, Stat(None, None, 0))
+
+    def failures(self) -> list[tuple[ResultRow, list[str]]]:
+        """(row, failed checks) for every row of this entry whose ``sanity_ok`` is false."""
+        return [(r, failed_checks(r)) for r in self.rows if r.get("sanity_ok") is False]
+
+
+def metric_name(attack: str, norm: str, eps: float) -> str:
+    """Column stem of one attack metric, e.g. ``fgsm_Linf_0.002``."""
+    return f"{attack}_{norm}_{eps:g}"
+
+
+def failed_checks(row: Mapping[str, Any]) -> list[str]:
+    """The sanity checks a row failed (``sanity_failed``, else its false ``sanity_*`` flags)."""
+    named = row.get("sanity_failed")
+    if isinstance(named, str) and named:
+        return named.split(",")
+    flags = [k.removeprefix("sanity_") for k, v in row.items() if k.startswith("sanity_") and v is False]
+    return sorted(f for f in flags if f != "ok") or ["unspecified"]
+
+
+def validate_rows(rows: Sequence[Mapping[str, Any]], source: Any = None) -> list[ResultRow]:
+    """Type every row (a one-line ``UserError`` naming the first that cannot be rendered)."""
+    at = f" in {source}" if source else ""
+    if not rows:
+        raise UserError(
+            f"no result rows{at}; produce some with `robustbench-nacl eval CHECKPOINT --out DIR` first"
+        )
+    return [ResultRow.from_json(r, source=source) for r in rows]
+
+
+def _run(r: ResultRow) -> Run:
+    return (r.checkpoint_sha256, r.seed, r.probe_config.get("seed"))
+
+
+def n_examples(r: Mapping[str, Any]) -> int:
+    """The number of test examples a row was measured on."""
+    return int(r.get("n_examples_evaluated") or r.get("n_examples") or 0)
+
+
+def metric_key(r: Mapping[str, Any]) -> MetricKey:
+    return (r["attack"], r["norm"], round(float(r["eps"]), 12))
+
+
+def _recipe(r: ResultRow) -> Recipe:
+    return Recipe(r.encoder, r.pretrain_dataset or "", r.loss, r.key_params, r.control, r.recipe_id)
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Entry], int]:
+    """Group rows into entries by (recipe_id, protocol_id); returns them and the number of duplicate
+    rows ignored (a second row for the same run and metric under one protocol: the newest is kept)."""
+    typed = [ResultRow.from_json(r) for r in rows]
+    groups: dict[tuple[str, str], list[ResultRow]] = defaultdict(list)
+    for r in typed:
+        groups[(r.recipe_id, r.protocol_id)].append(r)
+    recipes = _with_differences({r.recipe_id: r for r in typed})
+    entries, dropped = [], 0
+    for (rid, pid), grp in groups.items():
+        kept, n_dup = _dedupe(grp)
+        dropped += n_dup
+        entries.append(_entry(recipes[rid], pid, kept))
+    entries.sort(key=lambda e: (e.recipe, e.setting, e.dataset, e.protocol_id))
+    return entries, dropped
+
+
+def _dedupe(grp: list[ResultRow]) -> tuple[list[ResultRow], int]:
+    # preference order (stable sorts, last key first): newest, then row id
+    grp = sorted(grp, key=lambda r: r.row_id)
+    grp.sort(key=lambda r: str(r.get("created_at") or ""), reverse=True)
+    seen: set[tuple[Run, MetricKey]] = set()
+    kept = []
+    for r in grp:
+        key = (_run(r), metric_key(r))
+        if key not in seen:
+            seen.add(key)
+            kept.append(r)
+    kept.sort(key=lambda r: (r.checkpoint_id, str(r.seed), str(_run(r)[2]), metric_key(r)))
+    return kept, len(grp) - len(kept)
+
+
+def _entry(recipe: Recipe, pid: str, rows: list[ResultRow]) -> Entry:
+    values: dict[str, dict[Run, float]] = defaultdict(dict)
+    for r in rows:
+        values[metric_name(*metric_key(r))][_run(r)] = r.robust_acc
+        values["clean"].setdefault(_run(r), r.clean_acc)
+    runs = sorted(values["clean"], key=str)
+    stats = {name: Stat.of(v[run] for run in runs if run in v) for name, v in values.items()}
+    return Entry(recipe, pid, rows[0].protocol, rows, stats, runs)
+
+
+# ============ what differs between recipes of one family ============
+
+
+def _leaves(obj: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    # nested mappings flattened to their leaves (an empty mapping has none: {} and {"width": 8}
+    # differ in width only)
+    if isinstance(obj, Mapping):
+        out: dict[tuple[str, ...], Any] = {}
+        for k, v in obj.items():
+            out |= _leaves(v, (*path, str(k)))
+        return out
+    return {path: obj}
+
+
+def _fmt_value(v: Any) -> str:
+    text = f"{v:g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    return text if len(text) <= 16 else text[:12] + "…"
+
+
+def recipe_differences(recipes: Mapping[str, tuple[str, Mapping[str, Any]]]) -> dict[str, str]:
+    """recipe_id -> what differs from the other recipes of its family, e.g. ``width=4 epochs=1``.
+
+    ``recipes``: recipe_id -> (family, recipe dict). Loss parameters shown as key parameters are
+    left out (the key-parameter column already tells those recipes apart); empty for a recipe
+    alone in its family.
+    """
+    families: dict[str, list[str]] = defaultdict(list)
+    for rid, (family, _) in recipes.items():
+        families[family].append(rid)
+    leaves = {rid: _leaves(cfg) for rid, (_, cfg) in recipes.items()}
+    out = {rid: "" for rid in recipes}
+    for members in families.values():
+        paths = sorted({p for rid in members for p in leaves[rid]})
+        varying = [p for p in paths if len({_fmt_value(leaves[rid].get(p, MISSING)) for rid in members}) > 1]
+        varying = [p for p in varying if not (len(p) >= 2 and p[-2] == "loss_params" and p[-1] in KEY_PARAMS)]
+        names = _short_names(varying)
+        for rid in members:
+            out[rid] = " ".join(f"{names[p]}={_fmt_value(leaves[rid].get(p, MISSING))}" for p in varying)
+    return out
+
+
+def _short_names(paths: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    # the last path component, or the last two where the last alone is ambiguous
+    last = defaultdict(list)
+    for p in paths:
+        last[p[-1] if p else ""].append(p)
+    return {p: (p[-1] if len(last[p[-1]]) == 1 else ".".join(p[-2:])) if p else "" for p in paths}
+
+
+def _with_differences(first_row: Mapping[str, ResultRow]) -> dict[str, Recipe]:
+    recipes = {rid: _recipe(r) for rid, r in first_row.items()}
+    differs = recipe_differences({rid: (rec.family, first_row[rid].recipe) for rid, rec in recipes.items()})
+    return {rid: replace(rec, differs=differs[rid]) for rid, rec in recipes.items()}
+
+
+# ============ tables: entries that may be ranked together ============
+
+
+@dataclass
+class Table:
+    """Entries ranked together: one protocol (shift: one protocol up to the shift variant)."""
+
+    setting: str
+    dataset: str  # the evaluated dataset (shift: the dataset the variants are made from)
+    key: str
+    entries: list[Entry]
+    note: str = ""  # how this table's protocol differs from the others of the same dataset
+
+
+def _table_of(e: Entry) -> tuple[str, str, str]:
+    if e.setting == "shift":
+        return (e.setting, e.dataset.split("@", 1)[0], e.context)
+    return (e.setting, e.dataset, e.protocol_id)
+
+
+def build_tables(entries: list[Entry]) -> list[Table]:
+    """Entries grouped into tables, in setting order, then dataset, then protocol note."""
+    groups: dict[tuple[str, str, str], list[Entry]] = defaultdict(list)
+    for e in entries:
+        groups[_table_of(e)].append(e)
+    tables = [Table(s, d, k, es) for (s, d, k), es in groups.items()]
+    siblings: dict[tuple[str, str], list[Table]] = defaultdict(list)
+    for t in tables:
+        siblings[(t.setting, t.dataset)].append(t)
+    for group in siblings.values():
+        if len(group) > 1:
+            notes = protocol_notes([t.entries for t in group])
+            for t, note in zip(group, notes, strict=True):
+                t.note = note
+    order = {s: i for i, s in enumerate(SETTINGS)}
+    return sorted(tables, key=lambda t: (order[t.setting], t.dataset, t.note, t.key))
+
+
+def _protocol_view(entries: list[Entry]) -> dict[tuple[str, ...], str]:
+    """A table's protocol as display leaves (dataset left out: the shift variants differ in it)."""
+    e = entries[0]
+    leaves = _leaves({k: v for k, v in e.protocol.items() if k not in ("dataset", "setting")})
+    out = {p: _fmt_value(v) for p, v in leaves.items()}
+    suites = sorted({str(r.get("suite") or "?") for x in entries for r in x.rows})
+    out[("suite_sha256",)] = f"`{'/'.join(suites)}` (sha256 `{e.protocol['suite_sha256'][:12]}`)"
+    return out
+
+
+def protocol_notes(tables: list[list[Entry]]) -> list[str]:
+    """For tables of one dataset under different protocols: one line each, saying what differs."""
+    views = [_protocol_view(es) for es in tables]
+    paths = sorted({p for v in views for p in v})
+    varying = [p for p in paths if len({v.get(p, MISSING) for v in views}) > 1]
+    names = {p: ("suite" if p == ("suite_sha256",) else " ".join(p)) for p in varying}
+    return ["; ".join(f"{names[p]} {v.get(p, MISSING)}" for p in varying) for v in views]
+
+
+def rank_entries(entries: list[Entry], headline_eps: float) -> None:
+    """Rank entries 1..n within each protocol by FGSM at the headline eps, ties by clean accuracy."""
+    by_protocol: dict[str, list[Entry]] = defaultdict(list)
+    for e in entries:
+        by_protocol[e.protocol_id].append(e)
+    key = rank_key(metric_name("fgsm", "Linf", headline_eps))
+    for group in by_protocol.values():
+        for i, e in enumerate(sorted(group, key=key), 1):
+            e.rank = i
+
+
+def rank_key(fgsm: str) -> Callable[[Entry], tuple]:
+    """Robust accuracy first, clean accuracy breaks ties, the label keeps the order total."""
+
+    def key(e: Entry) -> tuple:
+        f, c = e.stat(fgsm).mean, e.stat("clean").mean
+        return (f is None, -(f or 0.0), c is None, -(c or 0.0), e.recipe.label(), e.recipe.recipe_id)
+
+    return key
+
+
+# ============ formatting helpers shared by the renderers ============
+
+
+def fmt_stat(s: Stat) -> str:
+    """Percent with seed spread: ``95.83 ± 0.41``; ``95.83 ± –`` for one run; ``–`` when absent."""
+    if s.mean is None:
+        return MISSING
+    spread = MISSING if s.std is None else f"{100 * s.std:.2f}"
+    return f"{100 * s.mean:.2f} ± {spread}"
+
+
+def fmt_with_n(s: Stat, n_runs: int) -> str:
+    """``fmt_stat``, plus ``(n=k)`` when the metric was measured on fewer runs than the recipe has."""
+    text = fmt_stat(s)
+    return f"{text} (n={s.n})" if s.mean is not None and s.n != n_runs else text
+
+
+def distinct(values: Iterable[Any]) -> list[Any]:
+    """Sorted distinct values, None and "" left out."""
+    return sorted({v for v in values if v is not None and v != ""}, key=lambda v: (str(type(v)), v))
+
+
+def join(values: Iterable[Any], empty: str = "unknown") -> str:
+    """Distinct values as ``a, b``."""
+    vals = distinct(values)
+    return ", ".join(map(str, vals)) if vals else empty
+
+
+def provenance(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Distinct provenance values over rows (for headers and the per-entry detail view)."""
+    versions: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        for k, v in (r.get("versions") or {}).items():
+            versions[k].append(str(v))
+    return {
+        "n_rows": len(rows),
+        "checkpoints": sorted({(str(r["checkpoint_id"]), str(r.get("checkpoint_sha256", ""))) for r in rows}),
+        "train_seeds": distinct(r.get("train_seed") for r in rows),
+        "eval_seeds": distinct(r.get("seed") for r in rows),
+        "n_examples": distinct(n_examples(r) or None for r in rows),
+        "suites": sorted({(str(r.get("suite", "")), str(r.get("suite_sha256", ""))) for r in rows}),
+        "versions": {k: distinct(v) for k, v in sorted(versions.items())},
+        "devices": distinct(r.get("device") for r in rows),
+    }
+
+
+@dataclass
+class Context:
+    """Everything a table or figure renderer needs besides its own entries."""
+
+    entries: list[Entry]
+    rows: list[ResultRow]
+    headline_eps: float
+    show_encoder: bool
+    show_dataset: bool
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # sanity footnotes, numbered across the document
+    note_of: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def build(rows: list[ResultRow], entries: list[Entry], headline_eps: float) -> Context:
+        """The context of a leaderboard; shows encoder/dataset columns only when they vary."""
+        return Context(
+            entries=entries,
+            rows=rows,
+            headline_eps=headline_eps,
+            show_encoder=len({e.recipe.encoder for e in entries}) > 1,
+            show_dataset=len({e.recipe.pretrain_dataset for e in entries}) > 1,
+            tables=build_tables(entries),
+        )
+
+    @property
+    def fgsm(self) -> str:
+        return metric_name("fgsm", "Linf", self.headline_eps)
+
+    @property
+    def pgd(self) -> str:
+        return metric_name("pgd", "Linf", self.headline_eps)
+
+    @property
+    def strong_eps(self) -> float | None:
+        """The largest FGSM L∞ eps in the rows, when above the headline: a column that separates
+        recipes where the headline budget barely moves accuracy (e.g. 0.51/255 on 8x8 digits)."""
+        eps = [float(r["eps"]) for r in self.rows if r["attack"] == "fgsm" and r["norm"] == "Linf"]
+        top = max(eps, default=None)
+        return top if top is not None and top > self.headline_eps else None
+
+    @property
+    def strong_cols(self) -> list[tuple[str, str]]:
+        """(header, metric) of the strong-eps column, if any."""
+        e = self.strong_eps
+        return [] if e is None else [(f"FGSM@{e:g} ({eps_label(e)})", metric_name("fgsm", "Linf", e))]
+
+    @property
+    def eps_text(self) -> str:
+        """The headline eps in both units, e.g. ``0.002 (0.51/255)``."""
+        return f"{self.headline_eps:g} ({eps_label(self.headline_eps)})"
+
+    def label(self, recipe: Recipe) -> str:
+        return recipe.label(encoder=self.show_encoder, dataset=self.show_dataset)
+
+    def partner(self, e: Entry, setting: str, dataset: str) -> Entry | None:
+        """The entry of the same recipe and protocol context in another setting/dataset, if any."""
+        for x in self.entries:
+            same = x.recipe.recipe_id == e.recipe.recipe_id and x.context == e.context
+            if same and x.setting == setting and x.dataset == dataset:
+                return x
+        return None
+
+    def flag(self, entries: list[Entry]) -> str:
+        """A footnote marker for entries with failed sanity checks ("ok" otherwise)."""
+        fails = [(e, r, f) for e in entries for r, f in e.failures()]
+        if not fails:
+            return "ok"
+        marks = []
+        for e, r, checks in fails:
+            text = (
+                f"{e.recipe.family}, {e.setting} {e.dataset}: `{r['checkpoint_id']}` seed {r.get('seed')}, "
+                f"{r['attack']} {r['norm']} ε={float(r['eps']):g}: failed {', '.join(checks)}"
+            )
+            if text not in self.note_of:
+                self.notes.append(text)
+                self.note_of[text] = len(self.notes)
+            marks.append(self.note_of[text])
+        return "⚠ " + ",".join(map(str, sorted(set(marks))))

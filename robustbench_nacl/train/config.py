@@ -1,0 +1,70 @@
+"""What determines a training run (:class:`TrainConfig`) and the checks on it.
+
+:func:`check_settings` needs no data and runs before anything is loaded or written;
+:func:`check_train_size` runs once the training set's size is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a training run (checked on resume, recorded in the manifest)."""
+
+    loss: str = "simclr"  # a preset name (losses.PRESETS)
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set k=v on top of the preset
+    dataset: str = "digits"
+    encoder: str = "convnet_small"
+    encoder_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"width": 16}
+    epochs: int = 10
+    batch_size: int = 256
+    lr: float = 3e-4  # Adam 3e-4, no schedule, no weight decay (CLAE/NaCl recipe)
+    weight_decay: float = 0.0
+    seed: int = 0
+    fuse_views: bool = False  # one forward for all views (changes BatchNorm statistics)
+    knn_every: int = 5  # kNN monitor every N epochs, at epoch 0 and after the last (0: only the last)
+    knn_k: int = 200
+    knn_t: float = 0.1
+    precision: str = "fp32"  # "fp32" | "bf16" (autocast; the loss itself is always fp32)
+    channels_last: bool = True  # NHWC convolutions: 1.2-1.6x faster training steps on CPU (bench/)
+    data_root: str | None = None
+    max_train: int | None = None  # use only the first N training images (documented demo budgets)
+    # checkpoint id; default <encoder>.<preset>_<dataset>_s<seed>_<config hash> (train.manifest.run_id)
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+def check_settings(cfg: TrainConfig) -> None:
+    """One-line :class:`UserError` for a setting that is wrong whatever the data."""
+    # before anything is loaded or written: torch's Adam would raise a bare ValueError for a bad lr,
+    # and a NaN would pass it
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UserError(f"--lr {cfg.lr}: must be a finite number > 0")
+    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
+        raise UserError(f"--weight-decay {cfg.weight_decay}: must be a finite number >= 0")
+    if cfg.precision not in ("fp32", "bf16"):
+        raise UserError(f"--precision {cfg.precision!r}; valid choices: fp32, bf16")
+    if cfg.epochs < 1:
+        raise UserError(f"--epochs {cfg.epochs}: must be >= 1")
+    if cfg.batch_size < 2:
+        raise UserError(f"--batch-size {cfg.batch_size}: a contrastive batch needs at least 2 images")
+    if cfg.max_train is not None and cfg.max_train < 2:
+        raise UserError(f"--max-train {cfg.max_train}: must be >= 2")
+
+
+def check_train_size(cfg: TrainConfig, n_train: int) -> None:
+    """One-line :class:`UserError` when one batch needs more images than the training set has."""
+    if cfg.batch_size > n_train:
+        raise UserError(
+            f"--batch-size {cfg.batch_size} exceeds the {n_train} training images of {cfg.dataset}"
+        )

@@ -1,0 +1,289 @@
+"""The resumable training loop: one process trains one encoder with one loss preset.
+
+Data lives as one uint8 tensor on the device; each step draws its views with batched tensor
+augmentation from a generator derived from (seed, epoch), so an epoch's randomness does not depend
+on what happened before it and a run resumed at an epoch boundary replays exactly (bit for bit on
+CPU). Every epoch end atomically saves weights, optimizer and RNG states to ``train_state.pt``; the
+manifest is written last and marks a finished run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import losses
+from ..augment import views as augment
+from ..data.datasets import ImageData, load_dataset
+from ..errors import NonFiniteLoss, UserError
+from ..io import atomic_open, check_writable_dir
+from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
+from ..models.encoders import ContrastiveModel
+from ..models.features import extract_features, knn_accuracy
+from ..utils import device_name, resolve_device, seed_everything
+from .config import TrainConfig, check_settings, check_train_size
+from .manifest import RunOutcome, build_manifest, run_id
+from .step import TrainStep, build_model
+
+STATE = "train_state.pt"
+LOG = "log.jsonl"
+STATE_KEYS = ("model", "optimizer", "torch_rng", "config", "epoch", "elapsed", "log")
+
+
+@dataclass
+class _Data:
+    """The training set on the device, and both splits for the kNN monitor."""
+
+    train: ImageData
+    test: ImageData
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+@dataclass
+class _Run:
+    """A run in progress: what the epochs need and what they accumulate."""
+
+    cfg: TrainConfig
+    out: Path
+    dev: torch.device
+    data: _Data
+    model: ContrastiveModel
+    optimizer: torch.optim.Optimizer
+    start_epoch: int = 0
+    elapsed: float = 0.0  # training seconds over all the processes of this run
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    def knn_acc(self) -> float | None:
+        """The latest kNN accuracy the log holds."""
+        return next((r["test_knn_acc"] for r in reversed(self.log) if "test_knn_acc" in r), None)
+
+    def knn_init(self) -> float | None:
+        """The kNN accuracy at random initialisation (epoch 0), when it was measured."""
+        return self.log[0].get("test_knn_acc") if self.log and self.log[0]["epoch"] == 0 else None
+
+
+def train(
+    cfg: TrainConfig,
+    out: str | Path,
+    *,
+    device: str | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Train one encoder; writes ``weights.safetensors`` + ``manifest.json`` into ``out``.
+
+    Every epoch end atomically saves weights, optimizer and RNG states to ``train_state.pt``;
+    ``resume=True`` continues from it. Returns the output directory.
+    """
+    out = Path(out)
+    check_settings(cfg)
+    dev = resolve_device(device)
+    params = losses.resolve(cfg.loss, cfg.overrides)
+    # looked up before anything is loaded or written: an unknown name fails first
+    objective = losses.OBJECTIVES.get(params.objective)
+    view_maker = augment.VIEW_MAKERS.get(params.views)
+    if _check_out(out, cfg, resume):
+        return _finished(out, cfg)
+    run = _start(cfg, params, out, dev, _load_data(cfg, dev), resume)
+    step = TrainStep(cfg, params, run.model, run.optimizer, objective=objective, view_maker=view_maker)
+    if not run.log and cfg.knn_every > 0:
+        # epoch 0: the same encoder at random initialisation, the baseline training must beat
+        run.log.append({"epoch": 0, "test_knn_acc": _knn(run.model, run.data.train, run.data.test, cfg)})
+    _train_epochs(run, step, progress)
+    _write_checkpoint(run, params)
+    (out / STATE).unlink(missing_ok=True)
+    return out
+
+
+def _check_out(out: Path, cfg: TrainConfig, resume: bool) -> bool:
+    """Check ``out`` before any work; True when it holds a finished run (``--resume``: nothing to do)."""
+    if not resume and ((out / STATE).exists() or (out / MANIFEST).exists()):
+        raise UserError(
+            f"{out} already holds a training run; pass --resume to continue it or choose another --out"
+        )
+    if (out / MANIFEST).exists():
+        return True
+    check_writable_dir(out)  # before loading data and training, not at the first checkpoint
+    if resume:
+        # leftovers of a write that was killed mid-way (atomic_open's temporaries), never read
+        for tmp in out.glob(f".{STATE}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+    return False
+
+
+def _load_data(cfg: TrainConfig, dev: torch.device) -> _Data:
+    """Both splits (the training split cut to ``cfg.max_train``), the training images on ``dev``."""
+    train_set = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    if cfg.max_train is not None:
+        train_set = dataclasses.replace(
+            train_set, x=train_set.x[: cfg.max_train], y=train_set.y[: cfg.max_train]
+        )
+    test_set = load_dataset(cfg.dataset, "test", root=cfg.data_root)
+    check_train_size(cfg, len(train_set))
+    return _Data(train_set, test_set, train_set.x.to(dev), train_set.y.to(dev))
+
+
+def _start(
+    cfg: TrainConfig, params: losses.LossParams, out: Path, dev: torch.device, data: _Data, resume: bool
+) -> _Run:
+    """The seeded model and optimizer, continued from ``train_state.pt`` when resuming."""
+    _, channels, h, w = data.train.x.shape
+    seed_everything(cfg.seed)
+    model = build_model(cfg, params, channels=channels, size=(h, w), num_classes=data.train.num_classes)
+    model = model.to(dev)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    run = _Run(cfg, out, dev, data, model, optimizer)
+    if resume and (out / STATE).exists():
+        state = _load_state(out / STATE)
+        if state["config"] != _json_config(cfg):
+            raise UserError(f"{out} was started with a different configuration; resume with the same flags")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        run.start_epoch, run.elapsed, run.log = state["epoch"], state["elapsed"], state["log"]
+    out.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
+    """The remaining epochs; after each, the state and the log are saved (atomically)."""
+    cfg = run.cfg
+    epochs = tqdm(
+        range(run.start_epoch, cfg.epochs),
+        desc=f"train {run_id(cfg)}",
+        disable=not progress,
+        initial=run.start_epoch,
+        total=cfg.epochs,
+    )
+    for epoch in epochs:
+        row = _train_epoch(run, step, epoch, progress)
+        if (cfg.knn_every > 0 and (epoch + 1) % cfg.knn_every == 0) or epoch + 1 == cfg.epochs:
+            row["test_knn_acc"] = _knn(run.model, run.data.train, run.data.test, cfg)
+        run.log.append(row)
+        knn_acc = run.knn_acc()
+        epochs.set_postfix(
+            loss=f"{row['train_loss']:.4f}", knn=f"{knn_acc:.3f}" if knn_acc is not None else "-"
+        )
+        _save_state(run.out / STATE, run.model, run.optimizer, cfg, epoch + 1, run.elapsed, run.log)
+        with atomic_open(run.out / LOG, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in run.log))
+
+
+def _train_epoch(run: _Run, step_fn: TrainStep, epoch: int, progress: bool) -> dict[str, Any]:
+    """One pass over a fresh permutation of the training set; returns the epoch's log row."""
+    cfg, batch = run.cfg, run.cfg.batch_size
+    steps = len(run.data.train) // batch  # drop the last incomplete batch: N = 2B - 2 stays fixed
+    t0 = time.perf_counter()
+    gen = _epoch_generator(cfg.seed, epoch, run.dev)
+    perm = torch.randperm(len(run.data.train), generator=gen, device=run.dev)
+    run.model.train()
+    total, stats_sum = 0.0, {}
+    for step in tqdm(range(steps), desc=f"epoch {epoch + 1}", leave=False, disable=not progress):
+        idx = perm[step * batch : (step + 1) * batch]
+        try:
+            loss_value, stats = step_fn(run.data.x[idx], run.data.y[idx], gen)
+        except NonFiniteLoss as e:
+            raise NonFiniteLoss(
+                f"{e} at epoch {epoch + 1} step {step + 1}; lower --lr or raise the temperature (--set t=...)"
+            ) from None
+        total += loss_value
+        for k, v in stats.items():
+            stats_sum[k] = stats_sum.get(k, 0.0) + v
+    run.elapsed += time.perf_counter() - t0
+    row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": total / steps, "wall_s": round(run.elapsed, 3)}
+    row.update({f"train_{k}": v / steps for k, v in stats_sum.items()})
+    return row
+
+
+def _write_checkpoint(run: _Run, params: losses.LossParams) -> None:
+    """The weights, then the manifest (last: its presence marks a complete checkpoint)."""
+    _, channels, h, w = run.data.train.x.shape
+    outcome = RunOutcome(
+        in_channels=channels,
+        input_size=(h, w),
+        num_classes=run.data.train.num_classes,
+        weights_sha256=save_weights(run.out / WEIGHTS, run.model),
+        device=device_name(run.dev),
+        wall_s=run.elapsed,
+        knn_acc=run.knn_acc(),
+        knn_acc_init=run.knn_init(),
+    )
+    write_manifest(run.out, build_manifest(run.cfg, params, outcome))
+
+
+def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    # A fresh stream per epoch: resuming needs no generator state from the killed process.
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + epoch * 7_919 + 17) % (2**63))
+    return g
+
+
+def _json_config(cfg: TrainConfig) -> dict[str, Any]:
+    # the config as it reads back from JSON or train_state.pt (tuples become lists, ...)
+    return json.loads(json.dumps(cfg.to_dict()))
+
+
+def _finished(out: Path, cfg: TrainConfig) -> Path:
+    """``--resume`` of a run whose manifest was written: nothing to train.
+
+    A kill between writing the manifest and removing ``train_state.pt`` leaves both; the manifest is
+    the last thing training writes, so the run is complete and the state file is only removed.
+    """
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{out / MANIFEST} is unreadable ({e}); delete {out} to train again") from None
+    if not isinstance(manifest, dict) or manifest.get("config") != _json_config(cfg):
+        raise UserError(f"{out} holds a finished run of a different configuration; choose another --out")
+    (out / STATE).unlink(missing_ok=True)
+    return out
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    """``train_state.pt`` (tensors and plain containers only: ``weights_only``), checked for its keys."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, not a torch file, or holding objects weights_only refuses
+        reason = " ".join(str(e).split())[:200]
+        raise UserError(f"{path} is unreadable ({reason}); delete it to restart the run") from None
+    if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
+        raise UserError(f"{path} is not a training state of this tool; delete it to restart the run")
+    return state
+
+
+def _knn(model: ContrastiveModel, train_set: ImageData, test_set: ImageData, cfg: TrainConfig) -> float:
+    bank = extract_features(model.encoder, train_set.x)
+    query = extract_features(model.encoder, test_set.x)
+    return knn_accuracy(
+        bank, train_set.y, query, test_set.y, num_classes=train_set.num_classes, k=cfg.knn_k, t=cfg.knn_t
+    )
+
+
+def _save_state(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    epoch: int,
+    elapsed: float,
+    log: list[dict[str, Any]],
+) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "config": _json_config(cfg),
+        "epoch": epoch,
+        "elapsed": elapsed,
+        "log": log,
+    }
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)

@@ -1,0 +1,136 @@
+"""What a finished run writes into ``manifest.json``, and the run's identity (id and hashes).
+
+A run's *training configuration* (:func:`training_config`) is everything that determines its weights:
+every :class:`TrainConfig` field except the ones that cannot change them (:data:`NOT_TRAINING`), with
+the loss given by its resolved parameters rather than by the ``--set`` overrides and the dataset by
+its canonical spec, plus the fixed parts of the recipe (optimizer, ``drop_last``). Its sha256 over
+:func:`robustbench_nacl.io.canonical_json` is ``config_sha256``; the same without the seed is
+``recipe_sha256`` (runs that differ only in their seed: one recipe). The default checkpoint id ends
+in the first :data:`ID_HASH_CHARS` hex digits of ``config_sha256``, so two configurations never
+share an id (see docs/decisions.md, 'Checkpoint ids and recipes').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .. import losses
+from ..data.datasets import canonical_spec, normalization
+from ..io import canonical_json, sha256_bytes
+from ..models.checkpoint import WEIGHTS
+from ..utils import versions
+from .config import TrainConfig
+
+#: TrainConfig fields left out of the training configuration: the id itself, where the data files
+#: live (not what they hold), the kNN monitor (it only reads the encoder: the weights are the same
+#: bits whatever it is set to; tested), and the overrides (the resolved loss parameters stand in).
+NOT_TRAINING = ("id", "data_root", "knn_every", "knn_k", "knn_t", "overrides")
+#: hex digits of ``config_sha256`` in a default checkpoint id (32 bits: a collision among a few
+#: hundred runs has a probability of about 1e-5)
+ID_HASH_CHARS = 8
+OPTIMIZER = "adam"  # Adam, no schedule (the CLAE/NaCl recipe)
+
+
+def training_config(cfg: TrainConfig, params: losses.LossParams | None = None) -> dict[str, Any]:
+    """Everything that determines the weights, as plain JSON (``params``: resolved from ``cfg`` if None)."""
+    params = params if params is not None else losses.resolve(cfg.loss, cfg.overrides)
+    out = {k: v for k, v in cfg.to_dict().items() if k not in NOT_TRAINING}
+    out["dataset"] = canonical_spec(cfg.dataset)  # digits:0,1,2 and digits:0-2 are one dataset
+    # lr=1 and lr=1.0 are one setting: the JSON must not depend on the number's Python type
+    out.update(lr=float(cfg.lr), weight_decay=float(cfg.weight_decay))
+    out.update(loss_params=params.to_dict(), optimizer=OPTIMIZER, drop_last=True)
+    return out
+
+
+def config_sha256(training: dict[str, Any]) -> str:
+    """sha256 of a training configuration's canonical JSON."""
+    return sha256_bytes(canonical_json(training).encode())
+
+
+def recipe_sha256(training: dict[str, Any]) -> str:
+    """sha256 of a training configuration without its seed: the same for every seed of one recipe."""
+    return config_sha256({k: v for k, v in training.items() if k != "seed"})
+
+
+def run_id(cfg: TrainConfig, params: losses.LossParams | None = None) -> str:
+    """``cfg.id``, or ``<encoder>.<preset>_<dataset>_s<seed>_<hash>`` (the canonical dataset spec
+    made filename-safe).
+
+    ``<hash>`` is the start of :func:`config_sha256` of :func:`training_config`: configurations that
+    differ in anything that changes the weights (encoder width, a ``--set`` override, lr, ...) get
+    different ids, identical ones the same.
+    """
+    if cfg.id:
+        return cfg.id
+    training = training_config(cfg, params)
+    ds = training["dataset"].replace(":", "-").replace("@", "+").replace(",", "_")
+    digest = config_sha256(training)[:ID_HASH_CHARS]
+    return f"{cfg.encoder}.{cfg.loss}_{ds}_s{cfg.seed}_{digest}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What the run measured and wrote, for the manifest."""
+
+    in_channels: int
+    input_size: tuple[int, int]
+    num_classes: int
+    weights_sha256: str
+    device: str
+    wall_s: float
+    knn_acc: float | None
+    knn_acc_init: float | None  # the same encoder before training (epoch 0)
+
+
+def build_manifest(cfg: TrainConfig, params: losses.LossParams, outcome: RunOutcome) -> dict[str, Any]:
+    """The content of ``manifest.json`` (see the module docstring for the identity keys)."""
+    need = losses.needs(params)
+    training = training_config(cfg, params)
+    return {
+        "id": run_id(cfg, params),
+        "encoder": cfg.encoder,
+        "encoder_kwargs": cfg.encoder_kwargs,
+        "in_channels": outcome.in_channels,
+        "input_size": list(outcome.input_size),
+        "num_classes": outcome.num_classes,
+        "dual_bn": need.adversarial and params.dual_bn,
+        "head": params.head,
+        "loss": cfg.loss,
+        "loss_params": params.to_dict(),
+        "needs": dataclasses.asdict(need),
+        "dataset": cfg.dataset,
+        "recipe": _recipe_summary(cfg, params),
+        "seed": cfg.seed,
+        "epochs": cfg.epochs,
+        "normalization": dict(zip(("mean", "std"), normalization(cfg.dataset), strict=True)),
+        "weights": WEIGHTS,
+        "weights_sha256": outcome.weights_sha256,
+        "versions": versions(),
+        "device": outcome.device,
+        "wall_s": round(outcome.wall_s, 3),
+        "knn_acc": outcome.knn_acc,
+        "knn_acc_init": outcome.knn_acc_init,
+        "knn": {"k": cfg.knn_k, "t": cfg.knn_t, "split": "test"},
+        "config": cfg.to_dict(),
+        "training_config": training,
+        "config_sha256": config_sha256(training),
+        "recipe_sha256": recipe_sha256(training),
+    }
+
+
+def _recipe_summary(cfg: TrainConfig, params: losses.LossParams) -> dict[str, Any]:
+    # the optimisation settings at a glance (zoo manifests use the same keys); the complete
+    # configuration is ``training_config``
+    return {
+        "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size,
+        "optimizer": OPTIMIZER,
+        "lr": cfg.lr,
+        "weight_decay": cfg.weight_decay,
+        "augmentation": params.views,
+        "fuse_views": cfg.fuse_views,
+        "precision": cfg.precision,
+        "channels_last": cfg.channels_last,
+        "drop_last": True,
+    }

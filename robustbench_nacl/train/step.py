@@ -1,0 +1,97 @@
+"""One optimisation step (:class:`TrainStep`) and the model it steps (:func:`build_model`).
+
+``train`` runs exactly this code for every batch, and so do the benchmarks in ``bench/``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import losses
+from ..augment import views as augment
+from ..data.datasets import normalization
+from ..errors import NonFiniteLoss
+from ..losses.objectives import Objective
+from ..models.encoders import ContrastiveModel, create_encoder
+from .config import TrainConfig
+
+
+def build_model(
+    cfg: TrainConfig, params: losses.LossParams, *, channels: int, size: tuple[int, int], num_classes: int
+) -> ContrastiveModel:
+    """Encoder (with its normalisation) + head, as the loss's declared needs ask, in ``cfg``'s memory format.
+
+    The memory format is set here, not by each caller, so that everything that builds the trainer's
+    model (``train``, the benchmarks) runs the kernels ``train`` runs: channels-last weights under the
+    channels-last views ``TrainStep`` feeds when ``cfg.channels_last``.
+    """
+    need = losses.needs(params)
+    mean, std = normalization(cfg.dataset)
+    encoder = create_encoder(
+        cfg.encoder,
+        in_channels=channels,
+        mean=mean,
+        std=std,
+        dual_bn=need.adversarial and params.dual_bn,
+        input_shape=(channels, *size),
+        **cfg.encoder_kwargs,
+    )
+    # dual BN in the head exactly when the encoder has it (ContrastiveModel's default)
+    model = ContrastiveModel(encoder, params.head, out_dim=num_classes if need.labels else None)
+    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+
+
+class TrainStep:
+    """The trainer's optimisation step: draw the views, forward them, the loss, backward, optimizer step.
+
+    ``step(x, y, gen)`` takes one batch of raw training images (uint8 or float in [0, 1]) and labels
+    and returns ``(loss value, stats)``; it raises :class:`NonFiniteLoss` before touching the weights
+    when the loss is not finite.
+
+    Under ``precision="bf16"`` the step only opens ``torch.autocast`` around the objective: the views
+    are handed over in the view maker's dtype (float32), never cast here, and the objective computes
+    the loss itself in float32 (see docs/decisions.md, 'Precision').
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        params: losses.LossParams,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        objective: Objective | None = None,
+        view_maker: augment.ViewMaker | None = None,
+    ) -> None:
+        self.cfg, self.params, self.model, self.optimizer = cfg, params, model, optimizer
+        self.need = losses.needs(params)
+        self.objective = objective or losses.OBJECTIVES.get(params.objective)
+        self.view_maker = view_maker or augment.VIEW_MAKERS.get(params.views)
+        self.view_kwargs = params.to_dict()
+        self.device = next(model.parameters()).device
+        self.autocast = torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"
+        )
+
+    def views(self, x: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
+        """The batch's views, as the loss sees them (channels_last when configured)."""
+        views = self.view_maker(x, self.need.n_views, gen, **self.view_kwargs)
+        if self.cfg.channels_last:
+            views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+        return views
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+    ) -> tuple[float, dict[str, float]]:
+        views = self.views(x, gen)
+        with self.autocast:
+            loss, stats = self.objective.loss(self.model, views, y, self.params, gen, self.cfg.fuse_views)
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLoss(f"non-finite loss ({value})")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return value, stats
