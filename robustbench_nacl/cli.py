@@ -7,14 +7,29 @@ there is no traceback for them.
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import inspect
 import json
+import re
+import shlex
 import sys
-from collections.abc import Callable
+import textwrap
+import typing
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import UserError
-from .io import check_writable_dir
+from .io import check_writable_dir, refuse_reference_dir
 from .registry import Registry
+
+#: Where every command writes by default: one folder of the user's, ignored by the repository's
+#: .gitignore, never the repository's reference leaderboard/ (see docs/decisions.md, "Output folders").
+DEFAULT_OUT = Path("robustbench_out")
+DEFAULT_RESULTS = DEFAULT_OUT / "leaderboard"  # eval rows (OUT/rows) and the rendered leaderboard
+DEFAULT_ZOO_OUT = DEFAULT_OUT / "zoo"
+DEFAULT_DEMO_OUT = DEFAULT_OUT / "demo"
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 COMMANDS: Registry[Command] = Registry("command")
@@ -45,75 +60,162 @@ def _json_kv(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _writable_out(path: str | Path, option: str = "--out") -> None:
+    """Refuse the repository's reference folders, then fail early if ``path`` cannot be written."""
+    refuse_reference_dir(path, option)
+    check_writable_dir(path)
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as the user typed it, without the interpreter's or the script's absolute path."""
+    return shlex.join(["robustbench-nacl", *getattr(args, "_argv", [])])
+
+
+# ============ flags generated from config dataclasses ============
+
+
+def _optional_scalar(tp: Any) -> type | None:
+    """``int``/``float``/``str``/``bool`` for a field of that type (or that type ``| None``), else None."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if args:
+        if len(args) != 1 or len(typing.get_args(tp)) != 2:
+            return None
+        tp = args[0]
+    return tp if tp in (int, float, str, bool) else None
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Each field's comment in the dataclass's source (trailing, or on the line above): its help text."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        trailing = re.search(r"#\s*(.+)$", lines[node.end_lineno - 1])  # type: ignore[operator]
+        above = re.match(r"\s*#\s*(.+)$", lines[node.lineno - 2]) if node.lineno > 1 else None
+        if m := trailing or above:
+            out[node.target.id] = m.group(1).strip()
+    return out
+
+
+def config_fields(cls: type, skip: Iterable[str] = ()) -> list[dataclasses.Field[Any]]:
+    """The fields of a config dataclass that become flags: every scalar one not in ``skip``."""
+    hints = typing.get_type_hints(cls)
+    return [f for f in dataclasses.fields(cls) if f.name not in skip and _optional_scalar(hints[f.name])]
+
+
+def flag_name(field_name: str, prefix: str = "") -> str:
+    """``batch_size`` -> ``--batch-size`` (``--probe-batch-size`` with prefix ``probe-``)."""
+    return f"--{prefix}{field_name.replace('_', '-')}"
+
+
+def add_config_flags(
+    p: argparse.ArgumentParser,
+    cls: type,
+    *,
+    prefix: str = "",
+    skip: Iterable[str] = (),
+    help: dict[str, str] | None = None,
+    choices: dict[str, list[str]] | None = None,
+) -> None:
+    """One flag per scalar field of dataclass ``cls``, its default the field's default.
+
+    A field added to the dataclass appears as a flag with no edit here; its help is ``help[name]``,
+    else the field's comment in the source.
+    """
+    hints, comments = typing.get_type_hints(cls), _field_comments(cls)
+    for f in config_fields(cls, skip):
+        tp = _optional_scalar(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        text = (help or {}).get(f.name) or comments.get(f.name) or f"{cls.__name__}.{f.name}"
+        text = text.replace("%", "%%")  # argparse formats help with %
+        kw: dict[str, Any] = {"default": default, "dest": (prefix + f.name).replace("-", "_")}
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction  # it appends the default itself
+        else:
+            kw.update(type=tp, metavar={int: "N", float: "X"}.get(tp, f.name.split("_")[-1].upper()))
+            text += " (default: %(default)s)"
+        if choices and f.name in choices:
+            kw["choices"] = choices[f.name]
+        p.add_argument(flag_name(f.name, prefix), help=text, **kw)
+
+
+def config_values(
+    cls: type, args: argparse.Namespace, *, prefix: str = "", skip: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The values of the flags :func:`add_config_flags` made, as keyword arguments of ``cls``."""
+    return {f.name: getattr(args, (prefix + f.name).replace("-", "_")) for f in config_fields(cls, skip)}
+
+
 # ============ losses ============
 
 
-def run_losses(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
+def _preset_entries(name: str | None, overrides: list[str] | None) -> list[dict[str, Any]]:
+    """One JSON-ready entry per preset (or the one named, with ``--set`` overrides applied)."""
     from .losses import PRESETS, needs, resolve
 
-    names = [args.name] if args.name else PRESETS.names()
     entries = []
-    for n in names:
+    for n in [name] if name else PRESETS.names():
         preset = PRESETS.get(n)
-        p = resolve(n, args.set) if args.name else preset.params
+        p = resolve(n, overrides) if name else preset.params
         entries.append(
             {
                 "name": n,
                 "params": p.to_dict(),
-                "needs": needs(p).__dict__,
+                "needs": dataclasses.asdict(needs(p)),
                 "paper": preset.paper,
                 "description": preset.description,
                 "grid": preset.grid,
             }
         )
+    return entries
+
+
+def _nacl_term(p: dict[str, Any]) -> str:
+    """The L_NaCl column: the aggregator of the positives, as the paper names it."""
+    if p["objective"] != "contrastive":
+        return "CE"
+    if p["positives"] != "nca":
+        return {"worst_pair": "ArCL"}.get(p["positives"], p["positives"].upper())
+    return "NCA+MIXNCA" if p["combine"] else ("MIXNCA" if p["lam"] is not None else "NCA")
+
+
+# (header, how to read the cell from the params); "views" is the positive generator (augmentation,
+# mixup, noise), "positives" the aggregator over them (nca, var, worst_pair)
+_LOSS_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+    ("G1", lambda p: p["G1"]),
+    ("M", lambda p: p["M"]),
+    ("lambda", lambda p: "-" if p["lam"] is None else p["lam"]),
+    ("alpha", lambda p: p["alpha"]),
+    ("G2", lambda p: p["G2"] if p["alpha"] else "-"),
+    ("w", lambda p: p["w"] if p["alpha"] else "-"),
+    ("tau+", lambda p: p["tau_plus"]),
+    ("beta", lambda p: p["beta"]),
+    ("t", lambda p: p["t"]),
+    ("views", lambda p: p["views"]),
+    ("positives", lambda p: p["positives"]),
+]
+
+
+def run_losses(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    entries = _preset_entries(args.name, args.set)
     if args.json:
         print(json.dumps(entries, indent=2))
         return 0
-    rows = []
-    for e in entries:
-        p = e["params"]
-        if p["objective"] != "contrastive":
-            nacl = "CE"
-        elif p["positives"] != "nca":
-            nacl = p["positives"].upper().replace("WORST_PAIR", "ArCL")
-        else:
-            nacl = "NCA+MIXNCA" if p["combine"] else ("MIXNCA" if p["lam"] is not None else "NCA")
-        rows.append(
-            [
-                e["name"],
-                nacl,
-                p["G1"],
-                p["M"],
-                "-" if p["lam"] is None else p["lam"],
-                p["alpha"],
-                p["G2"] if p["alpha"] else "-",
-                p["w"] if p["alpha"] else "-",
-                p["tau_plus"],
-                p["beta"],
-                p["t"],
-                p["views"],
-                e["paper"],
-            ]
-        )
-    headers = [
-        "preset",
-        "L_NaCl",
-        "G1",
-        "M",
-        "lambda",
-        "alpha",
-        "G2",
-        "w",
-        "tau+",
-        "beta",
-        "t",
-        "positives",
-        "source",
+    rows = [
+        [e["name"], _nacl_term(e["params"]), *(cell(e["params"]) for _, cell in _LOSS_COLUMNS), e["paper"]]
+        for e in entries
     ]
+    headers = ["preset", "L_NaCl", *(h for h, _ in _LOSS_COLUMNS), "source"]
     print(
-        "L = L_NaCl(G1, M, lambda) + alpha * L_Robust(G2, w)   (NaCl Table 1, generated from the presets)\n"
+        "L = L_NaCl(G1, M, lambda) + alpha * L_Robust(G2, w)   (NaCl Table 1, generated from the presets;\n"
+        "views: how the positives are made; positives: how they are aggregated)\n"
     )
     print(tabulate(rows, headers=headers, tablefmt="github"))
     return 0
@@ -165,107 +267,102 @@ def _datasets_args(p: argparse.ArgumentParser) -> None:
 # ============ train ============
 
 
+# Train flags that are not one scalar TrainConfig field each, or need more than the field's comment.
+_TRAIN_SPECIAL = ("loss", "overrides", "encoder_kwargs")
+_TRAIN_HELP = {
+    "dataset": "dataset spec, e.g. digits, cifar100, digits:0-4",
+    "encoder": "encoder (see `robustbench-nacl encoders`)",
+    "epochs": "training epochs",
+    "batch_size": "images per batch (each gives its views)",
+    "lr": "Adam learning rate (constant: no schedule)",
+    "weight_decay": "Adam weight decay",
+    "seed": "training seed (initialisation, augmentation, batch order)",
+    "knn_k": "neighbours of the weighted-kNN monitor",
+    "knn_t": "temperature of the weighted-kNN monitor",
+    "knn_every": "kNN monitor every N epochs (0: only at the end)",
+    "max_train": "use only the first N training images",
+    "data_root": "dataset directory (default $ROBUSTBENCH_NACL_DATA or ~/.cache/robustbench_nacl)",
+    "channels_last": "NHWC memory format for the convolutions (faster on CPU and GPU)",
+    "fuse_views": "forward all views in one pass (changes BatchNorm statistics)",
+}
+
+
 def run_train(args: argparse.Namespace) -> int:
     from .losses import parse_overrides
-    from .train.trainer import TrainConfig, train
+    from .train import TrainConfig, train
 
+    _writable_out(args.out)
     cfg = TrainConfig(
         loss=args.loss,
         overrides=parse_overrides(args.set),
-        dataset=args.dataset,
-        encoder=args.encoder,
         encoder_kwargs=_json_kv(args.encoder_arg),
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-        fuse_views=args.fuse_views,
-        knn_every=args.knn_every,
-        precision=args.precision,
-        channels_last=args.channels_last,
-        data_root=args.data_root,
-        max_train=args.max_train,
+        **config_values(TrainConfig, args, skip=_TRAIN_SPECIAL),
     )
     out = train(cfg, args.out, device=args.device, resume=args.resume, progress=not args.no_progress)
     manifest = json.loads((out / "manifest.json").read_text())
+    init = manifest.get("knn_acc_init")
     print(
         f"wrote {out / manifest['weights']} and {out / 'manifest.json'} "
         f"(test kNN accuracy {manifest['knn_acc']:.4f}"
-        + (
-            f", {manifest['knn_acc_init']:.4f} at initialisation)"
-            if manifest.get("knn_acc_init") is not None
-            else ")"
-        )
+        + (f", {init:.4f} at initialisation)" if init is not None else ")")
     )
     return 0
 
 
 @command("train", "train one encoder with one loss preset")
 def _train_args(p: argparse.ArgumentParser) -> None:
+    from .train import TrainConfig
+
     p.add_argument("--loss", required=True, help="loss preset (see `robustbench-nacl losses`)")
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a loss parameter, e.g. --set M=5"
     )
-    p.add_argument("--dataset", default="digits", help="dataset spec, e.g. digits, cifar100, digits:0-4")
-    p.add_argument("--encoder", default="convnet_small", help="encoder (see `robustbench-nacl encoders`)")
     p.add_argument("--encoder-arg", action="append", metavar="KEY=VALUE", help="encoder kwarg, e.g. width=16")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (a folder of your own, e.g. runs/NAME)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    p.add_argument(
-        "--fuse-views", action="store_true", help="forward all views in one pass (changes BN statistics)"
-    )
-    p.add_argument("--knn-every", type=int, default=5, help="kNN monitor every N epochs (0: only at the end)")
-    p.add_argument("--max-train", type=int, default=None, help="use only the first N training images")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument(
-        "--channels-last",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="NHWC memory format for the convolutions (default; faster on CPU and GPU)",
-    )
-    p.add_argument(
-        "--data-root",
-        default=None,
-        help="dataset directory (default $ROBUSTBENCH_NACL_DATA or ~/.cache/robustbench_nacl)",
-    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    # every other TrainConfig field, with the dataclass's default: a new field needs no edit here
+    add_config_flags(
+        p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices={"precision": ["fp32", "bf16"]}
+    )
 
 
 # ============ eval ============
 
 
+def _resolve_transfer(args: argparse.Namespace) -> str | None:
+    """``--transfer auto``: the complementary classes of the in-domain class subset."""
+    from .eval.evaluate import transfer_default
+    from .models.foreign import load_encoder
+
+    if args.transfer != "auto":
+        return args.transfer
+    _, info = load_encoder(args.checkpoint, arch=args.arch, fmt=args.format, normalize=args.normalize)
+    transfer = transfer_default(args.dataset or info.get("dataset") or "")
+    if transfer is None:
+        raise UserError(
+            "--transfer auto needs a class-subset dataset (e.g. digits:0-4); name the target instead"
+        )
+    return transfer
+
+
 def run_eval(args: argparse.Namespace) -> int:
-    from .eval.evaluate import evaluate, transfer_default
+    from .eval.evaluate import evaluate
     from .eval.probe import ProbeConfig
 
-    transfer = args.transfer
-    if transfer == "auto":
-        from .models.foreign import load_encoder
-
-        _, info = load_encoder(args.checkpoint, arch=args.arch, fmt=args.format, normalize=args.normalize)
-        transfer = transfer_default(args.dataset or info.get("dataset") or "")
-        if transfer is None:
-            raise UserError(
-                "--transfer auto needs a class-subset dataset (e.g. digits:0-4); name the target instead"
-            )
+    refuse_reference_dir(args.out)
     rows = evaluate(
         args.checkpoint,
         dataset=args.dataset,
-        transfer=transfer,
+        transfer=_resolve_transfer(args),
         shift=args.shift,
         suite=args.suite,
         out=args.out,
         n_examples=args.n_examples,
         seed=args.seed,
         device=args.device,
-        probe=ProbeConfig(epochs=args.probe_epochs, seed=args.seed),
+        probe=ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
         arch=args.arch,
         fmt=args.format,
         normalize=args.normalize,
@@ -276,7 +373,9 @@ def run_eval(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     _print_rows(rows)
-    print(f"{len(rows)} result rows under {args.out}/rows")
+    # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
+    summary = getattr(rows, "summary", None)
+    print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
     return 0
 
 
@@ -303,6 +402,8 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 @command("eval", "probe and attack an encoder checkpoint; writes content-addressed result rows")
 def _eval_args(p: argparse.ArgumentParser) -> None:
+    from .eval.probe import ProbeConfig
+
     p.add_argument(
         "checkpoint", help="a directory written by `train`, its manifest.json, or a foreign weights file"
     )
@@ -320,13 +421,16 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--suite", default="paper", help="attack suite name (attacks/*.toml) or a path to a TOML file"
     )
-    p.add_argument("--out", default="leaderboard", help="output directory (rows land in OUT/rows)")
+    p.add_argument(
+        "--out",
+        default=str(DEFAULT_RESULTS),
+        help="output directory (rows land in OUT/rows; default: %(default)s)",
+    )
     p.add_argument(
         "--n-examples", type=int, default=None, help="evaluate the first N test examples (default: all)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
-    p.add_argument("--probe-epochs", type=int, default=1000, help="linear-probe epochs on cached features")
     p.add_argument("--batch-size", type=int, default=None, help="attack batch size")
     p.add_argument("--arch", default=None, help="architecture of a foreign checkpoint, e.g. resnet18_cifar")
     p.add_argument(
@@ -343,6 +447,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="recompute rows that already exist")
     p.add_argument("--data-root", default=None)
     p.add_argument("--no-progress", action="store_true")
+    # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
+    add_config_flags(p, ProbeConfig, prefix="probe-")
 
 
 # ============ leaderboard / zoo / demo ============
@@ -351,7 +457,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 def run_leaderboard(args: argparse.Namespace) -> int:
     from .report.leaderboard import main_leaderboard
 
-    files = main_leaderboard(args.rows, args.out, headline_eps=args.headline_eps, command=" ".join(sys.argv))
+    refuse_reference_dir(args.out)
+    files = main_leaderboard(args.rows, args.out, headline_eps=args.headline_eps, command=_command_line(args))
     for name, path in files.items():
         print(f"{name}: {path}")
     return 0
@@ -359,75 +466,127 @@ def run_leaderboard(args: argparse.Namespace) -> int:
 
 @command("leaderboard", "render LEADERBOARD.md, CSV/JSON, the paper's plots and index.html from result rows")
 def _leaderboard_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", required=True, help="directory of result rows (the --out of `eval`)")
-    p.add_argument("--out", required=True, help="where to write the leaderboard")
+    p.add_argument(
+        "--rows",
+        default=str(DEFAULT_RESULTS),
+        help="directory of result rows: the --out of `eval` (default: %(default)s)",
+    )
+    p.add_argument(
+        "--out", default=str(DEFAULT_RESULTS), help="where to write the leaderboard (default: %(default)s)"
+    )
     p.add_argument("--headline-eps", type=float, default=0.002, help="epsilon of the headline robust columns")
 
 
-def run_zoo(args: argparse.Namespace) -> int:
+def _zoo_list(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from . import zoo
 
-    if args.action == "list":
-        entries = zoo.load_zoo(args.zoo)
-        rows = [
-            [e.id, e.loss, e.dataset, e.seed, "yes" if zoo.is_trained(e, args.out) else "no"] for e in entries
-        ]
-        print(tabulate(rows, headers=["id", "loss", "dataset", "seed", "trained"], tablefmt="github"))
-        return 0
-    if args.action == "show":
-        if not args.ids:
-            raise UserError("zoo show needs an entry id, e.g. `zoo show convnet_small.simclr_digits-0-4_s0`")
-        for i in args.ids:
-            print(json.dumps(zoo.find_entry(i).to_dict(), indent=2))
-        return 0
-    entries = [zoo.find_entry(i) for i in args.ids] if args.ids else zoo.load_zoo(args.zoo)
-    if args.action == "train":
-        from .train.trainer import train
+    rows = [
+        [e.id, e.loss, e.dataset, e.seed, "yes" if zoo.is_trained(e, args.out) else "no"]
+        for e in zoo.load_zoo(args.zoo)
+    ]
+    print(tabulate(rows, headers=["id", "loss", "dataset", "seed", "trained"], tablefmt="github"))
+    return 0
 
-        check_writable_dir(args.out)
 
-        for e in entries:
-            d = zoo.checkpoint_dir(e, args.out)
-            if zoo.is_trained(e, args.out):
-                print(f"{e.id}: already trained ({d})")
-                continue
-            train(e.train_config(), d, device=args.device, resume=(d / "train_state.pt").exists())
-            print(f"{e.id}: trained -> {d}")
-        return 0
-    bad = 0
-    for e in entries:
-        status, detail = zoo.verify_entry(e, args.out)
-        if status in ("changed", "unpinned-mismatch"):
-            bad += 1
-        if status != "untrained" or args.ids:
-            print(f"{status:<18} {e.id}  {detail}")
-    if bad:
-        print(f"{bad} checkpoint(s) do not match their recorded sha256", file=sys.stderr)
+def _zoo_show(args: argparse.Namespace) -> int:
+    from . import zoo
+
+    if not args.ids:
+        raise UserError("zoo show needs an entry id, e.g. `zoo show convnet_small.simclr_digits-0-4_s0`")
+    for i in args.ids:
+        print(json.dumps(zoo.find_entry(i).to_dict(), indent=2))
+    return 0
+
+
+def _zoo_train(args: argparse.Namespace) -> int:
+    from . import zoo
+    from .train import train
+
+    _writable_out(args.out)
+    for e in _zoo_entries(args):
+        d = zoo.checkpoint_dir(e, args.out)
+        if zoo.is_trained(e, args.out):
+            print(f"{e.id}: already trained ({d})")
+            continue
+        train(e.train_config(), d, device=args.device, resume=(d / "train_state.pt").exists())
+        print(f"{e.id}: trained -> {d}")
+    return 0
+
+
+def _zoo_verify(args: argparse.Namespace) -> int:
+    """One line per entry asked for (missing ones too), then a count; exit 1 if a checkpoint changed,
+    2 if none of the entries asked for has a checkpoint under --out (nothing was verified)."""
+    from . import zoo
+
+    report = zoo.verify_entries(_zoo_entries(args), args.out)
+    for entry, status, detail in report.results:
+        print(f"{status:<18} {entry.id}  {detail}")
+    for entry in report.missing:
+        print(f"{'missing':<18} {entry.id}  no checkpoint at {zoo.checkpoint_dir(entry, args.out)}")
+    print(report.summary())
+    if not report.results:
+        which = f"zoo {args.zoo!r}" if args.zoo and not args.ids else "the entries asked for"
+        raise UserError(
+            f"verified none of the {len(report.missing)} entries of {which}: none has a checkpoint "
+            f"under {args.out}; train them with `zoo train` or pass the --out they were trained into"
+        )
+    if report.bad:
+        print(f"{len(report.bad)} checkpoint(s) do not match their recorded sha256", file=sys.stderr)
         return 1
     return 0
 
 
+def _zoo_entries(args: argparse.Namespace) -> list[Any]:
+    from . import zoo
+
+    return [zoo.find_entry(i) for i in args.ids] if args.ids else zoo.load_zoo(args.zoo)
+
+
+_ZOO_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": _zoo_list,
+    "show": _zoo_show,
+    "train": _zoo_train,
+    "verify": _zoo_verify,
+}
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    return _ZOO_ACTIONS[args.action](args)
+
+
 @command("zoo", "list, show, train or verify model-zoo entries (zoo/*/*.json)")
 def _zoo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["list", "show", "train", "verify"])
+    p.add_argument("action", choices=list(_ZOO_ACTIONS))
     p.add_argument("ids", nargs="*", help="entry ids (default: every entry of --zoo)")
     p.add_argument("--zoo", default=None, help="which zoo: demo | paper (default: all)")
-    p.add_argument("--out", default="runs/zoo", help="checkpoints directory (one folder per entry id)")
+    p.add_argument(
+        "--out",
+        default=str(DEFAULT_ZOO_OUT),
+        help="checkpoints directory, one folder per entry id (default: %(default)s)",
+    )
     p.add_argument("--device", default="cpu")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo as demo
 
-    demo(args.out, dataset=args.dataset, quick=args.quick, device=args.device, workers=args.workers)
+    _writable_out(args.out)
+    demo(
+        args.out,
+        dataset=args.dataset,
+        quick=args.quick,
+        device=args.device,
+        workers=args.workers,
+        command=_command_line(args),
+    )
     return 0
 
 
 @command("demo", "the main job: train the demo zoo on digits, evaluate it, render the leaderboard")
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="demo_out", help="output directory")
+    p.add_argument("--out", default=str(DEFAULT_DEMO_OUT), help="output directory (default: %(default)s)")
     p.add_argument(
         "--quick", action="store_true", help="fewer epochs and examples, same code path (~1 minute)"
     )
@@ -466,7 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 user error, 3 non-finite loss, 130 interrupted)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args._argv = argv  # for the provenance line of what a command writes (no absolute paths)
     _, runner = COMMANDS.get(args.command)
     try:
         return runner(args)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -21,6 +20,9 @@ from tqdm.auto import tqdm
 from .errors import UserError
 from .registry import Registry
 from .zoo import ZooEntry, checkpoint_dir, demo_zoo, expected_id, is_trained
+
+#: A folder of the user's: robustbench_out/ is ignored by the repository's .gitignore.
+DEFAULT_OUT = Path("robustbench_out") / "demo"
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def _init_worker() -> None:
 
 
 def _train_job(entry: ZooEntry, ckpts: str, plan: DemoPlan, device: str) -> str:
-    from .train.trainer import train
+    from .train import train
 
     d = checkpoint_dir(entry, ckpts)
     cfg = entry.train_config(max_train=plan.max_train, knn_every=max(plan.epochs, 1))
@@ -176,15 +178,19 @@ def _make_pool(workers: int) -> Executor | None:
 
 
 def run_demo(
-    out: str | Path = "demo_out",
+    out: str | Path = DEFAULT_OUT,
     *,
     dataset: str = "digits",
     quick: bool = False,
     device: str = "cpu",
     workers: int | None = None,
     progress: bool = True,
+    command: str | None = None,
 ) -> dict[str, Path]:
-    """Train the demo zoo, evaluate every entry plus a random-init control, render the leaderboard."""
+    """Train the demo zoo, evaluate every entry plus a random-init control, render the leaderboard.
+
+    ``command`` is the command line recorded in the leaderboard (default: ``robustbench-nacl demo``).
+    """
     from .eval.rows import load_rows
     from .report.leaderboard import render_leaderboard
 
@@ -217,7 +223,6 @@ def run_demo(
             pool.shutdown()
 
     # ============ rendering the leaderboard ============
-    command = " ".join(["robustbench-nacl demo", *sys.argv[2:]]) if sys.argv[1:2] == ["demo"] else None
     files = render_leaderboard(
         load_rows(base), base / "leaderboard", command=command or "robustbench-nacl demo"
     )

@@ -1,4 +1,8 @@
-"""Atomic file output and hashing: nothing half-written is ever left behind."""
+"""Atomic file output and hashing: nothing half-written is ever left behind.
+
+Files are created with the permissions ``open`` would give them (0666 less the process umask), so
+that results and checkpoints are as readable as any other file the user writes.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,9 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +35,10 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         raise UserError(f"cannot write {path}: {_reason(e)}; choose a writable --out directory") from e
     try:
         with os.fdopen(fd, mode) as f:
+            # mkstemp creates 0600 whatever the umask: give the file the mode `open` would have
+            # given it, before it appears under its name (the rename stays the only visible change)
+            if hasattr(os, "fchmod"):  # POSIX; elsewhere mkstemp's mode is the platform's default
+                os.fchmod(f.fileno(), 0o666 & ~current_umask())
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -41,6 +51,26 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
             raise UserError(f"cannot write {path}: {_reason(os_error)}; nothing was written") from e
         raise
     _fsync_dir(path.parent)
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux: /proc/self/status).
+
+    Elsewhere it is read by setting and restoring it, under a lock so that two writer threads of
+    this module never see each other's temporary value.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 def _os_error_in_chain(e: BaseException) -> OSError | None:
@@ -91,6 +121,39 @@ def check_writable_dir(path: str | Path) -> None:
         os.unlink(tmp)
     except OSError as e:
         raise UserError(f"cannot write to {path}: {_reason(e)}; choose a writable --out directory") from e
+
+
+#: Folders of the repository that hold published reference results: user output never goes there.
+REFERENCE_DIRS = ("leaderboard",)
+#: Set to 1 by whoever regenerates the repository's reference results on purpose.
+REFERENCE_ENV = "ROBUSTBENCH_NACL_WRITE_REFERENCE"
+
+
+def repository_root() -> Path | None:
+    """The source checkout this package is imported from (an editable install), else None."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "robustbench_nacl").is_dir() else None
+
+
+def refuse_reference_dir(path: str | Path, option: str = "--out") -> None:
+    """A one-line ``UserError`` when ``path`` is, or lies inside, a reference folder of the checkout.
+
+    The repository's ``leaderboard/`` is the published reference; a user's rows written into it
+    would mix with it and dirty the clone. ``$ROBUSTBENCH_NACL_WRITE_REFERENCE=1`` lifts the check
+    for a deliberate regeneration of the reference.
+    """
+    root = repository_root()
+    if root is None or os.environ.get(REFERENCE_ENV, "").strip() == "1":
+        return
+    target = Path(path).expanduser().resolve()
+    for name in REFERENCE_DIRS:
+        ref = (root / name).resolve()
+        if target == ref or ref in target.parents:
+            raise UserError(
+                f"{option} {path} is inside the repository's reference {name}/ folder, which your results "
+                f"must not mix with; write them to a folder of your own (the default is under "
+                f"robustbench_out/)"
+            )
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:

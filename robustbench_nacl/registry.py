@@ -6,13 +6,31 @@ choices and the parametrised tests pick it up from here.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from .errors import UserError
 
 T = TypeVar("T")
+
+
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` naming the valid choices closest to a mistyped ``name``, or ``""``.
+
+    Case is ignored when matching (``SimCLR`` finds ``simclr``); the suggestion keeps the valid spelling.
+    """
+    valid = list(choices)
+    by_lower = {c.lower(): c for c in valid}
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(by_lower[c]) for c in close)}?)" if close else ""
+
+
+def unknown_choice(kind: str, name: object, choices: Iterable[str]) -> UserError:
+    """The one-line error for a name that is not among ``choices``: the closest ones, then every one."""
+    valid = list(choices)
+    return UserError(f"unknown {kind} {name!r}{did_you_mean(name, valid)}; valid choices: {', '.join(valid)}")
 
 
 class Registry(Generic[T]):
@@ -44,10 +62,8 @@ class Registry(Generic[T]):
         """The object registered as ``name``; a ``UserError`` listing the valid names otherwise."""
         try:
             return self._items[name]
-        except KeyError:
-            raise UserError(
-                f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}"
-            ) from None
+        except (KeyError, TypeError):  # TypeError: an unhashable name read from a file
+            raise unknown_choice(self.kind, name, self.names()) from None
 
     def info(self, name: str) -> dict[str, Any]:
         """Metadata given at registration."""

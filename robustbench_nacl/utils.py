@@ -40,7 +40,8 @@ def device_name(device: torch.device | str) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cap = torch.backends.cpu.get_cpu_capability()
-    return f"cpu ({platform.machine()}, {cap}, {torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"cpu ({platform.machine()}, {cap}, {n} torch thread{'' if n == 1 else 's'})"
 
 
 def versions() -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from .errors import UserError
 from .io import sha256_file, write_json_atomic
 from .models.checkpoint import read_manifest
+from .registry import unknown_choice
 
 ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
 REPO_ZOO = Path(__file__).resolve().parents[1] / "zoo"
@@ -55,7 +56,7 @@ class ZooEntry:
 
     def train_config(self, data_root: str | None = None, **extra: Any) -> Any:
         """The TrainConfig this entry describes."""
-        from .train.trainer import TrainConfig
+        from .train import TrainConfig
 
         return TrainConfig(
             loss=self.loss,
@@ -163,7 +164,7 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
     if name is not None:
         base = base / name
         if not base.is_dir():
-            raise UserError(f"unknown zoo {name!r}; valid choices: {', '.join(zoo_names(root))}")
+            raise unknown_choice("zoo", name, zoo_names(root))
     entries: dict[str, ZooEntry] = {}
     for path in sorted(base.rglob("*.json")):
         try:
@@ -234,6 +235,41 @@ def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
             f"{weights}: sha256 {actual[:12]}... != zoo pin {entry.weights_sha256[:12]}...",
         )
     return "ok", actual
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``zoo verify`` found: a status per entry that has a checkpoint, and the entries without one."""
+
+    out: str
+    results: list[tuple[ZooEntry, str, str]]  # (entry, status, detail) as verify_entry returns them
+    missing: list[ZooEntry]  # no checkpoint under ``out``: nothing to verify
+
+    @property
+    def bad(self) -> list[ZooEntry]:
+        """Entries whose weights do not match their manifest or their zoo pin."""
+        return [e for e, status, _ in self.results if status != "ok"]
+
+    def summary(self) -> str:
+        """One line: how many entries were verified, how many of those failed, how many are missing."""
+        n = len(self.results) + len(self.missing)
+        return (
+            f"verified {len(self.results)} of {n} entries under {self.out}: "
+            f"{len(self.results) - len(self.bad)} ok, {len(self.bad)} changed, "
+            f"{len(self.missing)} missing (no checkpoint)"
+        )
+
+
+def verify_entries(entries: list[ZooEntry], out: str | Path) -> VerifyReport:
+    """:func:`verify_entry` for each entry, with the untrained ones listed apart as missing."""
+    results, missing = [], []
+    for e in entries:
+        status, detail = verify_entry(e, out)
+        if status == "untrained":
+            missing.append(e)
+        else:
+            results.append((e, status, detail))
+    return VerifyReport(str(out), results, missing)
 
 
 def write_entry(entry: ZooEntry, root: str | Path | None = None) -> Path:

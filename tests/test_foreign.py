@@ -23,6 +23,7 @@ from robustbench_nacl.models.foreign import (
     FORMATS,
     NORMALIZATIONS,
     convert_state_dict,
+    describe_file,
     detect_format,
     load_encoder,
     load_foreign_encoder,
@@ -374,6 +375,58 @@ def test_foreign_file_needs_arch_and_a_known_layout(tmp_path: Path) -> None:
         load_encoder(path, arch="resnet18_cifar", fmt="caffe")
     with pytest.raises(UserError, match="normalization"):
         load_encoder(path, arch="resnet18_cifar", normalize="mnist")
+
+
+NOT_CHECKPOINTS = {
+    # file name: (content, what the error says the file is)
+    "notes.txt": (b"hello world\nsecond line\n", "is a text file (it begins 'hello world second line')"),
+    "weights.pth": (b"hello", "is a text file (it begins 'hello')"),
+    "config.yaml": (b'{"lr": 0.1}', "is a JSON file"),
+    "empty.pt": (b"", "is an empty file"),
+    "blank.pt": (b"\n\n  \n", "is a text file of blank lines"),
+    "model.pth.gz": (b"\x1f\x8b\x08\x00" + bytes(20), "is a gzip-compressed file (decompress it first)"),
+    "model.h5": (
+        b"\x89HDF\r\n\x1a\n" + bytes(20),
+        "is a binary file of no checkpoint format (it begins 89 48",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_CHECKPOINTS))
+@pytest.mark.parametrize("arch", [None, "resnet18_cifar"])
+def test_a_file_that_is_no_checkpoint_is_named_for_what_it_is(
+    name: str, arch: str | None, tmp_path: Path
+) -> None:
+    """Without --arch it is not "a foreign checkpoint", and with --arch not "(101)" (the pickle
+    loader's key error for the letter 'h'): the error says what the file is and what is expected."""
+    content, what = NOT_CHECKPOINTS[name]
+    (tmp_path / name).write_bytes(content)
+    msg = _one_line_error(lambda: load_encoder(tmp_path / name, arch=arch), f"{tmp_path / name} {what}")
+    assert "not a checkpoint; expected a directory written by `train`" in msg and ".safetensors" in msg
+    assert "--arch" not in msg and "(101)" not in msg
+
+
+def test_a_real_foreign_checkpoint_without_arch_says_what_it_is_and_asks_for_arch(tmp_path: Path) -> None:
+    path = _write_torchvision(_source().backbone.state_dict(), tmp_path)
+    with pytest.raises(UserError) as info:
+        load_encoder(path)
+    assert "is a zip archive (the format of torch.save) without a manifest.json beside it" in str(info.value)
+    assert "pass --arch" in str(info.value)
+    torch.save({"whatever.weight": torch.ones(2)}, tmp_path / "odd.pt")
+    _one_line_error(
+        lambda: load_encoder(tmp_path / "odd.pt", arch="resnet18_cifar"), f"{tmp_path / 'odd.pt'}: "
+    )
+
+
+def test_describe_file_recognises_the_checkpoint_formats(tmp_path: Path) -> None:
+    state = {"w": torch.ones(2)}
+    save_file(state, tmp_path / "a.safetensors")
+    torch.save(state, tmp_path / "b.pt")
+    torch.save(state, tmp_path / "c.pt", _use_new_zipfile_serialization=False)
+    heads = {n: (tmp_path / n).read_bytes()[:512] for n in ("a.safetensors", "b.pt", "c.pt")}
+    assert describe_file(heads["a.safetensors"]) == (True, "a safetensors file")
+    assert describe_file(heads["b.pt"]) == (True, "a zip archive (the format of torch.save)")
+    assert describe_file(heads["c.pt"]) == (True, "a pickle (legacy torch.save format)")
 
 
 def test_formats_registry_has_the_layouts() -> None:

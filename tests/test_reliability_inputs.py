@@ -38,7 +38,7 @@ from robustbench_nacl.io import sha256_bytes
 from robustbench_nacl.models.checkpoint import MANIFEST, WEIGHTS
 from robustbench_nacl.models.encoders import create_encoder
 from robustbench_nacl.models.foreign import load_encoder
-from robustbench_nacl.train.trainer import train
+from robustbench_nacl.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -141,8 +141,8 @@ FOREIGN = {
     "control-pth": ("pass --dataset",),
     "truncated-safetensors": ("not a valid safetensors file",),
     "truncated-pth": ("not a readable torch checkpoint",),
-    "empty-file": ("not a readable torch checkpoint",),
-    "not-a-checkpoint": ("refused",),
+    "empty-file": ("is an empty file, not a checkpoint",),
+    "not-a-checkpoint": ("is a text file (it begins 'definitely not a checkpoint'), not a checkpoint",),
     "wrong-architecture": ("does not fit the architecture", "--arch resnet50_cifar"),
     "missing-key": ("missing: layer4.1.bn2",),
     "extra-key": ("unexpected: layer5.0.conv1.weight",),
@@ -327,7 +327,10 @@ EVAL_BAD = {
     "one class": (["--transfer", "digits:7"], ("at least 2",)),
     "unknown shift": (["--shift", "nope"], ("unknown shift 'nope'", "valid choices: all, grayscale, crop")),
     "n-examples 0": (["--n-examples", "0"], ("--n-examples 0: must be >= 1",)),
-    "probe-epochs 0": (["--probe-epochs", "0"], ("--probe-epochs 0: must be >= 1",)),
+    "probe-epochs 0": (["--probe-epochs", "0"], ("probe epochs 0: must be",)),
+    "probe-lr < 0": (["--probe-lr", "-1"], ("probe lr -1.0: must be",)),
+    "probe-knn-k 0": (["--probe-knn-k", "0"], ("probe knn_k 0: must be",)),
+    "probe-lr not a number": (["--probe-lr", "fast"], ("--probe-lr: invalid float value: 'fast'",)),
     "attack batch size 0": (["--batch-size", "0"], ("--batch-size 0: must be >= 1",)),
     "unknown normalization": (["--normalize", "nope"], ("valid choices: cifar10, half, imagenet, none",)),
     "unknown format": (["--format", "nope"], ("valid choices: auto, ours",)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 from conftest import run_cli
 
 from robustbench_nacl import zoo
+from robustbench_nacl.cli import main
 from robustbench_nacl.errors import UserError
+from robustbench_nacl.train import train
 
 
 def test_shipped_zoos_validate_and_match_their_generators() -> None:
@@ -61,14 +64,45 @@ def test_train_then_verify_detects_a_changed_weights_file(tmp_path: Path, cli_en
 
 def test_a_pinned_sha_that_differs_is_reported(tmp_path: Path) -> None:
     e = _entry(tmp_path)
-    import dataclasses
-
-    from robustbench_nacl.train.trainer import train
-
     train(e.train_config(), zoo.checkpoint_dir(e, tmp_path / "c"), progress=False)
     assert zoo.verify_entry(e, tmp_path / "c")[0] == "ok"
     pinned = dataclasses.replace(e, weights_sha256="0" * 64)
     assert zoo.verify_entry(pinned, tmp_path / "c")[0] == "unpinned-mismatch"
+
+
+def test_verify_with_nothing_trained_says_so_and_fails(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    e = _entry(tmp_path)
+    cli_env["ROBUSTBENCH_NACL_ZOO"] = str(tmp_path / "zoo")
+    out = tmp_path / "nothing-here"
+    res = run_cli(["zoo", "verify", "--zoo", "t", "--out", str(out)], cli_env)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert f"missing            {e.id}  no checkpoint at {out / e.id}" in res.stdout
+    assert "verified 0 of 1 entries" in res.stdout
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "verified none of the 1 entries of zoo 't'" in err[0] and str(out) in err[0]
+
+
+def test_verify_counts_what_it_verified_and_lists_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = _entry(tmp_path)
+    other = dataclasses.replace(e, id="convnet_small.simclr_digits-0-2_s1", seed=1)
+    zoo.write_entry(other, tmp_path / "zoo")
+    out = tmp_path / "c"
+    train(e.train_config(), zoo.checkpoint_dir(e, out), progress=False)
+    report = zoo.verify_entries([e, other], out)
+    assert [r[:2] for r in report.results] == [(e, "ok")] and report.missing == [other] and not report.bad
+    assert (
+        report.summary() == f"verified 1 of 2 entries under {out}: 1 ok, 0 changed, 1 missing (no checkpoint)"
+    )
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
+    capsys.readouterr()
+    assert main(["zoo", "verify", "--zoo", "t", "--out", str(out)]) == 0  # some verified, all of them ok
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"ok                 {e.id}") and lines[1].startswith(
+        f"missing            {other.id}"
+    )
+    assert lines[-1] == report.summary()
 
 
 @pytest.mark.parametrize(

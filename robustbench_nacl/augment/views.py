@@ -8,10 +8,10 @@ distinct view), which a test guards against.
 
 Contents
 --------
-* The SimCLR/CLAE policy used by NaCl (docs/decisions.md, 'Augmentation'): RandomResizedCrop(input size, scale (0.08, 1),
-  ratio (3/4, 4/3)), horizontal flip p=0.5, ColorJitter(0.8s, 0.8s, 0.8s, 0.2s) with p=0.8 in a random
-  per-sample op order, RandomGrayscale p=0.2, no blur: :class:`SimCLRAug`, :func:`sample_params`,
-  :func:`apply`, :func:`simclr_views`. For given parameters the result equals torchvision's functional
+* The SimCLR/CLAE policy used by NaCl (docs/decisions.md, 'Augmentation'): RandomResizedCrop(input
+  size, scale (0.08, 1), ratio (3/4, 4/3)), horizontal flip p=0.5, ColorJitter(0.8s, 0.8s, 0.8s,
+  0.2s) with p=0.8 in a random per-sample op order, RandomGrayscale p=0.2, no blur:
+  :class:`SimCLRAug`, :func:`sample_params`, :func:`apply`, :func:`simclr_views`. For given parameters the result equals torchvision's functional
   tensor ops applied sample by sample (``resized_crop(antialias=True)``, ``hflip``, ``adjust_*``,
   ``rgb_to_grayscale``) up to float rounding; ``tests/test_augment.py`` checks this.
 * DACL positives (docs/decisions.md, 'DACL positives'): :func:`linear_mix`, :func:`geometric_mix`,
@@ -712,7 +712,9 @@ def dacl_plus_mix(
 
 
 def gaussian_noise(x: Tensor, gen: torch.Generator, scale: float) -> Tensor:
-    """DACL's Gaussian baseline ``x + scale * N(0, I)`` (the listed "mean" is the scale: docs/decisions.md, 'DACL positives').
+    """DACL's Gaussian baseline ``x + scale * N(0, I)``: the listed "mean" is the scale.
+
+    See docs/decisions.md, 'DACL positives'.
 
     Not clamped to [0, 1]: DACL defines it as additive isotropic noise (on tabular features it has no
     range to clamp to); clamping would make the noise non-Gaussian and biased towards the image interior
@@ -816,7 +818,9 @@ def _dacl_plus_maker(
     """DACL+: one mixing type per sample (shared by its views), fresh partner/lambda/mask per view."""
     xf = _float_views(x, n_views)
     choice = torch.randint(0, 3, (xf.shape[0],), generator=gen, device=gen.device)
-    return [dacl_plus_mix(xf, gen, mix_alpha, mix_rho, choice=choice, mode=mix_rho_mode) for _ in range(n_views)]
+    return [
+        dacl_plus_mix(xf, gen, mix_alpha, mix_rho, choice=choice, mode=mix_rho_mode) for _ in range(n_views)
+    ]
 
 
 @VIEW_MAKERS.register("gaussian", params=("noise_scale",), bounded=False)

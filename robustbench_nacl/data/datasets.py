@@ -47,7 +47,7 @@ import torch
 
 from ..errors import DatasetNotFound, UserError
 from ..io import atomic_open
-from ..registry import Registry
+from ..registry import Registry, did_you_mean
 
 __all__ = [
     "DATASETS",
@@ -166,7 +166,8 @@ def parse_spec(spec: str) -> DatasetSpec:
     name = name.strip()
     if name not in DATASETS:
         raise UserError(
-            f"unknown dataset {name!r} in spec {text!r}; valid datasets: {', '.join(dataset_names())}"
+            f"unknown dataset {name!r}{did_you_mean(name, dataset_names())} in spec {text!r}; "
+            f"valid datasets: {', '.join(dataset_names())}"
         )
     subset = _parse_classes(text, name, class_text) if colon else None
     shift_name: str | None = None

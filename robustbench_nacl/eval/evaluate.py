@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..attack.suites import Suite, load_suite
 from ..data.datasets import ImageData, canonical_spec, load_dataset, parse_spec
 from ..errors import UserError
-from ..io import check_writable_dir, sha256_bytes
+from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
 from ..models.encoders import create_encoder
 from ..models.foreign import load_encoder
 from ..utils import device_name, resolve_device, versions
@@ -248,7 +248,7 @@ def evaluate(
     transfer: str | Iterable[str] | None = None,
     shift: str | Iterable[str] | None = None,
     suite: str | Path | dict[str, Any] | Suite = "paper",
-    out: str | Path = "leaderboard",
+    out: str | Path = "robustbench_out/leaderboard",
     n_examples: int | None = None,
     seed: int = 0,
     device: str | None = None,
@@ -271,6 +271,7 @@ def evaluate(
     ``probe.seed`` None (the default) means the evaluation ``seed``.
     """
     _check_args(n_examples, batch_size, probe)
+    refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(device)
     loaded_suite = load_suite(suite)
     encoder, info = load_encoder(checkpoint, arch=arch, fmt=fmt, normalize=normalize)

@@ -19,10 +19,11 @@ Wrapper prefixes shared by every key (``module.`` from DataParallel, ``model.``,
 stripped first. Loading is strict: every converted key must be used and every backbone key present
 with the right shape.
 
-Safety (spec PERF_RELIABILITY section 5): safetensors is preferred (no code can run); pickles are
-read with ``torch.load(..., weights_only=True)`` passed explicitly, after refusing the environment
-override that would re-enable full unpickling, and a file that needs more than tensors is refused,
-naming the offending globals (found by static disassembly, which executes nothing).
+Safety (see docs/decisions.md, "Loading untrusted checkpoints"): safetensors is preferred (no code
+can run); pickles are read with ``torch.load(..., weights_only=True)`` passed explicitly, after
+refusing the environment override that would re-enable full unpickling, and a file that needs more
+than tensors is refused, naming the offending globals (found by static disassembly, which executes
+nothing). A file of no checkpoint format (text, empty, compressed) is named for what it is first.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from torch.torch_version import TorchVersion
 
 from ..errors import CheckpointError, UserError
 from ..io import sha256_bytes
-from ..registry import Registry
+from ..registry import Registry, unknown_choice
 from ..utils import refuse_unsafe_torch_env
 from .checkpoint import (
     MANIFEST,
@@ -60,6 +61,7 @@ __all__ = [
     "NORMALIZATIONS",
     "Layout",
     "convert_state_dict",
+    "describe_file",
     "detect_format",
     "load_encoder",
     "load_foreign_encoder",
@@ -207,9 +209,7 @@ _register(
 
 def _check_format(fmt: str) -> None:
     if fmt != "auto" and fmt not in FORMATS:
-        raise UserError(
-            f"unknown checkpoint format {fmt!r}; valid choices: auto, {', '.join(FORMATS.names())}"
-        )
+        raise unknown_choice("checkpoint format", fmt, ["auto", *FORMATS.names()])
 
 
 def _strip_wrappers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -245,6 +245,62 @@ def convert_state_dict(state: Mapping[str, Tensor], fmt: str) -> dict[str, Tenso
 
 
 # ============ reading files ============
+
+
+_EXPECTED = (
+    "expected a directory written by `train` (or its manifest.json), a .safetensors file, "
+    "or a state dict saved with torch.save (.pt, .pth, .ckpt)"
+)
+
+
+def _looks_like_text(head: bytes) -> bool:
+    if b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3  # a multi-byte character cut by the end of the sample
+    return True
+
+
+def describe_file(head: bytes) -> tuple[bool, str]:
+    """(may it be a checkpoint?, what it is) from the first bytes of a file; reads nothing else.
+
+    Checkpoints are safetensors (an 8-byte header length, then JSON), zip archives (torch.save) or
+    pickles (legacy torch.save); anything else is named so that the error can say what was passed.
+    """
+    if not head:
+        return False, "an empty file"
+    if len(head) > 8 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 0:
+        return True, "a safetensors file"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return True, "a zip archive (the format of torch.save)"
+    if head.startswith(b"\x80"):
+        return True, "a pickle (legacy torch.save format)"
+    if head.startswith(b"\x1f\x8b"):
+        return False, "a gzip-compressed file (decompress it first)"
+    if len(head) > 262 and head[257:262] == b"ustar":
+        return False, "a tar archive (extract the checkpoint from it first)"
+    if _looks_like_text(head):
+        text = head.decode("utf-8", errors="replace").strip()
+        kind = "a JSON file" if text[:1] in ("{", "[") else "a text file"
+        return False, f"{kind} (it begins {_clean(text, 40)!r})" if text else f"{kind} of blank lines"
+    return False, f"a binary file of no checkpoint format (it begins {head[:8].hex(' ')})"
+
+
+def _refuse_non_checkpoint(path: Path, head: bytes) -> None:
+    """A one-line CheckpointError saying what ``path`` is, unless it may be a checkpoint."""
+    plausible, what = describe_file(head)
+    if not plausible:
+        raise CheckpointError(f"{path} is {what}, not a checkpoint; {_EXPECTED}")
+
+
+def _read_head(path: Path, n: int = 512) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or _first_line(e)}") from None
 
 
 def _clean(text: Any, limit: int = 80) -> str:
@@ -347,6 +403,7 @@ def _read(path: str | Path) -> tuple[dict[str, Tensor], str]:
             f"checkpoint file {p} not found" + (" (it is a directory)" if p.is_dir() else "")
         )
     data = p.read_bytes()
+    _refuse_non_checkpoint(p, data[:512])
     sha = sha256_bytes(data)
     if p.suffix == ".safetensors":
         # load_state re-reads the file; the expected sha256 makes sure it is the same bytes we hashed
@@ -387,9 +444,7 @@ def _named_normalization(normalize: str) -> tuple[tuple[float, ...], tuple[float
     try:
         return NORMALIZATIONS[normalize]
     except KeyError:
-        raise UserError(
-            f"unknown normalization {normalize!r}; valid choices: {', '.join(NORMALIZATIONS)}"
-        ) from None
+        raise unknown_choice("normalization", normalize, NORMALIZATIONS) from None
 
 
 def _fill_num_batches_tracked(module: nn.Module, state: dict[str, Tensor]) -> None:
@@ -423,7 +478,11 @@ def load_foreign_encoder(
     _check_format(fmt)
     p = Path(path)
     state, sha = _read(p)
-    fmt = detect_format(state) if fmt == "auto" else fmt
+    if fmt == "auto":
+        try:
+            fmt = detect_format(state)
+        except CheckpointError as e:  # the layout error names keys; say which file holds them
+            raise CheckpointError(f"{p}: {e}") from None
     layout = FORMATS.get(fmt)
     stripped = _strip_wrappers(state)
 
@@ -556,8 +615,11 @@ def load_encoder(
     sibling = _sibling_manifest(p)
     if sibling is not None:
         return _load_ours(sibling, arch=arch, fmt=fmt, normalize=normalize)
+    head = _read_head(p)
+    _refuse_non_checkpoint(p, head)  # a text file is not "a foreign checkpoint"
     if arch is None:
         raise UserError(
-            f"{p} is a foreign checkpoint: pass --arch (one of the encoders, e.g. resnet18_cifar) to load it"
+            f"{p} is {describe_file(head)[1]} without a manifest.json beside it, so a foreign "
+            "checkpoint: pass --arch (one of the encoders, e.g. resnet18_cifar) to load it"
         )
     return load_foreign_encoder(p, arch=arch, fmt=fmt, normalize=normalize)
