@@ -11,13 +11,15 @@ Contents
 * The SimCLR/CLAE policy used by NaCl (docs/decisions.md, 'Augmentation'): RandomResizedCrop(input
   size, scale (0.08, 1), ratio (3/4, 4/3)), horizontal flip p=0.5, ColorJitter(0.8s, 0.8s, 0.8s,
   0.2s) with p=0.8 in a random per-sample op order, RandomGrayscale p=0.2, no blur:
-  :class:`SimCLRAug`, :func:`sample_params`, :func:`apply`, :func:`simclr_views`. For given parameters the result equals torchvision's functional
-  tensor ops applied sample by sample (``resized_crop(antialias=True)``, ``hflip``, ``adjust_*``,
-  ``rgb_to_grayscale``) up to float rounding; ``tests/test_augment.py`` checks this.
+  :class:`SimCLRAug`, :func:`sample_params`, :func:`apply`, :func:`simclr_views`. For given
+  parameters the result equals torchvision's functional tensor ops applied sample by sample
+  (``resized_crop(antialias=True)``, ``hflip``, ``adjust_*``, ``rgb_to_grayscale``) up to float
+  rounding; ``tests/test_augment.py`` checks this.
 * DACL positives (docs/decisions.md, 'DACL positives'): :func:`linear_mix`, :func:`geometric_mix`,
   :func:`binary_mix`, :func:`dacl_plus_mix`, :func:`gaussian_noise`, plus :func:`mix_with` (MIXNCA).
 * :data:`VIEW_MAKERS`: name -> ``fn(x, n_views, gen, **params) -> list[Tensor]`` used by the trainer.
-* :data:`SHIFTS`: the ArCL distribution-shift transformations Aug1..Aug5 (docs/decisions.md, 'Shift setting').
+* :data:`SHIFTS`: the ArCL distribution-shift transformations Aug1..Aug5 (docs/decisions.md,
+  'Settings').
 """
 
 from __future__ import annotations
