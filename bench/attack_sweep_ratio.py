@@ -1,4 +1,5 @@
-"""Figure ``attack_sweep_ratio``: our paper-suite evaluation vs torchattacks called once per epsilon.
+"""Figure ``attack_sweep_ratio``: our FGSM sweep vs torchattacks called once per epsilon, and the
+whole paper suite beside it.
 
 The classifier has the shape of what ``evaluate`` attacks (``probe.ProbedClassifier``: normalisation
 -> encoder -> linear, frozen, eval mode): a ``convnet_small`` with a linear head trained by our
@@ -6,16 +7,24 @@ trainer's step code (supervised preset, a short Fashion-MNIST budget), so that c
 realistic (a few SimCLR steps + a probe gave ~30-55 %, which would let us skip most examples). The
 examples are the first ``n`` Fashion-MNIST test images. Alternately, in one process:
 
-- ``ours``: ``robustbench_nacl.eval.benchmark(model, x, y, "paper")``: FGSM at 0.002..0.032 and PGD at
-  0.002 (10 steps of 0.01, 2 restarts), including everything it does besides attacking (clean
-  predictions, the per-model sanity checks, the eps-0 check, random-noise accuracy per eps, the
-  threat-model check of every batch, the worst-case rows);
-- ``torchattacks``: ``torchattacks.FGSM(model, eps)`` once per eps on all examples and
-  ``torchattacks.PGD(model, eps=0.002, alpha=0.01, steps=10)`` twice (the two restarts), each
-  followed by a forward pass to count the robust examples; clean accuracy once.
+- ``ours_sweep``: the clean forward, then ``attack.robust_under_attack("fgsm", ...)`` at the paper's
+  five epsilons (0.002..0.032) on the clean-correct examples: one input gradient per batch for the
+  whole sweep, then per eps the perturbation, the threat-model check and the forward that decides
+  each example (what ``benchmark`` runs for an FGSM spec);
+- ``torchattacks_sweep``: the clean forward, then ``torchattacks.FGSM(model, eps)`` once per eps on
+  all examples, each followed by a forward pass to count the robust examples (clean-correct and
+  still correct: the definition ``benchmark`` uses);
+- ``ours_suite``: ``robustbench_nacl.eval.benchmark(model, x, y, "paper")``: the sweep above plus PGD
+  at 0.002 (10 steps of 0.01, 2 restarts) and everything ``benchmark`` does besides attacking
+  (clean predictions, the per-model sanity checks, random-noise accuracy per eps, the worst-case
+  rows);
+- ``torchattacks_suite``: ``torchattacks_sweep``, then ``torchattacks.PGD(model, eps=0.002,
+  alpha=0.01, steps=10)`` twice (the two restarts), each followed by a forward pass.
 
-Both report robust accuracies; they are printed side by side so a speed-up bought by doing less
-shows up as a difference in accuracy.
+The value is ``ours_sweep / torchattacks_sweep`` (target <= 0.5: the sweep costs one backward and
+one forward per eps), timed in its own interleaved rounds (at least 7: the pair is cheap); the
+paper-suite ratio is reported beside it (``--reps`` rounds, 3 by default). Both sides report robust
+accuracies, printed side by side so that a speed-up bought by doing less shows up as a difference.
 """
 
 from __future__ import annotations
@@ -23,9 +32,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from common import interleaved, log, median, rounded
+from common import interleaved, log, median, paired_ratios, rounded
 
-TARGET = 1.0
+TARGET = 0.5
+SUITE_TARGET = 1.0
 FGSM_EPS = (0.002, 0.004, 0.008, 0.016, 0.032)
 PGD = {"eps": 0.002, "alpha": 0.01, "steps": 10, "restarts": 2}
 
@@ -35,7 +45,7 @@ def _classifier(quick: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
     from robustbench_nacl import losses
     from robustbench_nacl.data.datasets import load_dataset
     from robustbench_nacl.eval.probe import ProbedClassifier
-    from robustbench_nacl.train.trainer import TrainConfig, TrainStep, build_model
+    from robustbench_nacl.train import TrainConfig, TrainStep, build_model
 
     n_train, epochs = (1024, 1) if quick else (4096, 3)
     cfg = TrainConfig(
@@ -82,65 +92,113 @@ def _classifier(quick: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
     return classifier, recipe
 
 
-def run(args: Any) -> dict[str, Any]:
-    """Measure both contenders alternately; the value is ours / torchattacks (wall time)."""
+def _contenders(model: torch.nn.Module, data: dict[str, torch.Tensor], acc: dict[str, dict[str, float]]):
+    """The timed callables; each records its robust accuracies in ``acc``."""
     import torchattacks
 
     import robustbench_nacl as rbn
+    from robustbench_nacl.attack.attacks import robust_under_attack
+
+    def clean() -> torch.Tensor:
+        with torch.no_grad():
+            return model(data["x"]).argmax(1) == data["y"]
+
+    def ours_sweep() -> None:
+        x, y, cc = data["x"], data["y"], clean()
+        correct, _ = robust_under_attack(
+            "fgsm", model, x[cc], y[cc], FGSM_EPS, norm="Linf", gens=[None] * len(FGSM_EPS), batch_size=256
+        )
+        acc["ours_sweep"] = {
+            f"fgsm@{e}": int(c.sum()) / len(x) for e, c in zip(FGSM_EPS, correct, strict=True)
+        }
+
+    def torchattacks_sweep() -> None:
+        x, y, cc = data["x"], data["y"], clean()
+        out = {"clean": float(cc.float().mean())}
+        for eps in FGSM_EPS:
+            x_adv = torchattacks.FGSM(model, eps=eps)(x, y)
+            with torch.no_grad():
+                out[f"fgsm@{eps}"] = float((cc & (model(x_adv).argmax(1) == y)).float().mean())
+        acc["torchattacks"] = {**acc.get("torchattacks", {}), **out}
+
+    def ours_suite() -> None:
+        rows = rbn.benchmark(model, data["x"], data["y"], "paper", seed=0, progress=False)
+        acc["ours_suite"] = {"clean": rows[0]["clean_acc"]}
+        for r in rows:
+            if r["attack"] != "worst_case":
+                acc["ours_suite"][f"{r['attack']}@{r['eps']}"] = r["robust_acc"]
+
+    def torchattacks_pgd() -> None:
+        x, y = data["x"], data["y"]
+        torch.manual_seed(0)
+        robust = clean()
+        for _ in range(PGD["restarts"]):
+            atk = torchattacks.PGD(model, eps=PGD["eps"], alpha=PGD["alpha"], steps=PGD["steps"])
+            x_adv = atk(x, y)
+            with torch.no_grad():
+                robust &= model(x_adv).argmax(1) == y
+        acc["torchattacks"] = {
+            **acc.get("torchattacks", {}),
+            f"pgd@{PGD['eps']}": float(robust.float().mean()),
+        }
+
+    def torchattacks_suite() -> None:
+        torchattacks_sweep()
+        torchattacks_pgd()
+
+    return {
+        "ours_sweep": ours_sweep,
+        "torchattacks_sweep": torchattacks_sweep,
+        "ours_suite": ours_suite,
+        "torchattacks_suite": torchattacks_suite,
+    }
+
+
+def run(args: Any) -> dict[str, Any]:
+    """Measure the contenders alternately; the value is ours_sweep / torchattacks_sweep (wall time)."""
     from robustbench_nacl.data.datasets import load_dataset
 
     n = 200 if args.quick else 500
     reps = args.reps or (1 if args.quick else 3)
     model, recipe = _classifier(args.quick)
     test = load_dataset("fashion-mnist", "test")
-    x, y = test.x[:n].float() / 255.0, test.y[:n].long()
+    data = {"x": test.x[:32].float() / 255.0, "y": test.y[:32].long()}
     acc: dict[str, dict[str, float]] = {}
-
-    def ours() -> None:
-        rows = rbn.benchmark(model, x, y, "paper", seed=0, progress=False)
-        acc["ours"] = {"clean": rows[0]["clean_acc"]}
-        for r in rows:
-            if r["attack"] != "worst_case":
-                acc["ours"][f"{r['attack']}@{r['eps']}"] = r["robust_acc"]
-
-    def reference() -> None:
-        torch.manual_seed(0)
-        out = {"clean": float((model(x).argmax(1) == y).float().mean())}
-        for eps in FGSM_EPS:
-            x_adv = torchattacks.FGSM(model, eps=eps)(x, y)
-            with torch.no_grad():
-                out[f"fgsm@{eps}"] = float((model(x_adv).argmax(1) == y).float().mean())
-        robust = torch.ones(len(x), dtype=torch.bool)
-        for _ in range(PGD["restarts"]):
-            atk = torchattacks.PGD(model, eps=PGD["eps"], alpha=PGD["alpha"], steps=PGD["steps"])
-            x_adv = atk(x, y)
-            with torch.no_grad():
-                robust &= model(x_adv).argmax(1) == y
-        out[f"pgd@{PGD['eps']}"] = float(robust.float().mean())
-        acc["torchattacks"] = out
-
-    log(f"attack_sweep_ratio: {reps} interleaved repetitions on {n} examples")
-    full_x, full_y = x, y
-    x, y = full_x[:32], full_y[:32]
-    ours(), reference()  # warm-up on 32 examples (allocator, lazy imports), not timed
-    x, y = full_x, full_y
-    times = interleaved({"ours": ours, "torchattacks": reference}, reps=reps, warmup=0)
+    contenders = _contenders(model, data, acc)
+    sweep_reps = 1 if args.quick else max(7, reps)  # the sweep pair is cheap: more rounds, less noise
+    log(f"attack_sweep_ratio: {sweep_reps} + {reps} interleaved repetitions on {n} examples")
+    for f in contenders.values():  # warm-up on 32 examples (allocator, lazy imports), not timed
+        f()
+    data.update(x=test.x[:n].float() / 255.0, y=test.y[:n].long())
+    sweep = ("ours_sweep", "torchattacks_sweep")
+    times = interleaved({k: contenders[k] for k in sweep}, reps=sweep_reps, warmup=0)
+    times |= interleaved({k: f for k, f in contenders.items() if k not in sweep}, reps=reps, warmup=0)
     med = {k: median(v) for k, v in times.items()}
-    ratio = med["ours"] / med["torchattacks"]
+    ratio = med["ours_sweep"] / med["torchattacks_sweep"]
+    suite_ratio = med["ours_suite"] / med["torchattacks_suite"]
     return {
         "figure": "attack_sweep_ratio",
         "value": round(ratio, 4),
-        "unit": "ratio: our benchmark() wall time / torchattacks once per eps on all examples",
+        "unit": "ratio: our FGSM sweep (5 eps) wall time / torchattacks FGSM once per eps on all examples",
         "target": f"<= {TARGET}",
         "met": ratio <= TARGET,
+        "paired_ratios": paired_ratios(times, "ours_sweep", "torchattacks_sweep"),
+        "paper_suite": {
+            "ratio": round(suite_ratio, 4),
+            "unit": "benchmark(model, x, y, 'paper') / torchattacks FGSM once per eps + PGD twice",
+            "target": f"<= {SUITE_TARGET}",
+            "met": suite_ratio <= SUITE_TARGET,
+            "paired_ratios": paired_ratios(times, "ours_suite", "torchattacks_suite"),
+        },
         "median_s": {k: round(v, 3) for k, v in med.items()},
         "raw_s": {k: rounded(v) for k, v in times.items()},
         "accuracy": acc,
         "config": {
+            "fgsm_eps": list(FGSM_EPS),
             "suite": "paper: FGSM Linf 0.002-0.032 (5 eps); PGD Linf 0.002, 10 x 0.01, 2 restarts",
             "examples": f"fashion-mnist test images 0-{n - 1}",
             "classifier": recipe,
             "torchattacks_batch": n,
-            "ours_batch": "benchmark default (256 on CPU)",
+            "ours_batch": "256 (benchmark's CPU default)",
         },
     }

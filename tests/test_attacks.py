@@ -28,7 +28,20 @@ from robustbench_nacl.attack.suites import (
 from robustbench_nacl.errors import SanityError, UserError
 from robustbench_nacl.eval.sanity import check_perturbation
 
-torchattacks = pytest.importorskip("torchattacks")
+
+def _torchattacks():
+    try:
+        import torchattacks
+    except ImportError:
+        return None
+    return torchattacks
+
+
+# Only the tests that call torchattacks need it (it is an optional extra); the rest always run.
+torchattacks = _torchattacks()
+needs_torchattacks = pytest.mark.skipif(
+    torchattacks is None, reason="torchattacks not installed (pip install 'robustbench-nacl[torchattacks]')"
+)
 
 FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -69,13 +82,14 @@ class Counting(nn.Module):
 
 # (name, norm, params) for every native attack and one torchattacks attack.
 CASES = [
-    ("fgsm", "Linf", {}),
-    ("fgsm_l2", "L2", {}),
-    ("pgd", "Linf", {"steps": 3, "step_size": 0.02, "restarts": 2}),
-    ("pgd", "L2", {"steps": 3, "restarts": 2}),
-    ("torchattacks.PGD", "Linf", {"steps": 3}),
+    pytest.param("fgsm", "Linf", {}, id="fgsm-Linf"),
+    pytest.param("fgsm_l2", "L2", {}, id="fgsm_l2-L2"),
+    pytest.param("pgd", "Linf", {"steps": 3, "step_size": 0.02, "restarts": 2}, id="pgd-Linf"),
+    pytest.param("pgd", "L2", {"steps": 3, "restarts": 2}, id="pgd-L2"),
+    pytest.param(
+        "torchattacks.PGD", "Linf", {"steps": 3}, id="torchattacks.PGD-Linf", marks=needs_torchattacks
+    ),
 ]
-CASE_IDS = [f"{n}-{norm}" for n, norm, _ in CASES]
 
 
 def test_registry_lists_native_attacks() -> None:
@@ -88,14 +102,14 @@ def test_registry_lists_native_attacks() -> None:
 # ============ threat model ============
 
 
-@pytest.mark.parametrize(("name", "norm", "params"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize(("name", "norm", "params"), CASES)
 def test_eps_zero_returns_x_unchanged(model, data, name, norm, params) -> None:
     x, y = data
     x_adv = run_attack(name, model, x, y, eps=0.0, norm=norm, gen=gen(), batch_size=100, params=params)
     assert torch.equal(x_adv, x)
 
 
-@pytest.mark.parametrize(("name", "norm", "params"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize(("name", "norm", "params"), CASES)
 @pytest.mark.parametrize("eps", [0.05, 0.3])
 def test_attack_stays_in_ball_and_box_and_not_above_clean(model, data, name, norm, params, eps) -> None:
     x, y = data
@@ -164,6 +178,7 @@ def test_check_perturbation_is_called_on_every_batch(data, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("eps", [0.002, 0.05, 0.2])
+@needs_torchattacks
 def test_fgsm_matches_torchattacks(model, data, eps) -> None:
     x, y = data
     ours = A.fgsm(model, x, y, eps=eps, gen=gen())
@@ -171,6 +186,34 @@ def test_fgsm_matches_torchattacks(model, data, eps) -> None:
     assert (ours - theirs).abs().max() <= 1e-6
     with torch.no_grad():
         assert torch.equal(model(ours).argmax(1), model(theirs).argmax(1))
+
+
+@pytest.mark.parametrize(("norm", "single"), [("Linf", A.fgsm), ("L2", A.fgsm_l2)])
+def test_fgsm_sweep_is_fgsm_at_every_eps(model, data, norm, single) -> None:
+    x, y = data
+    at = A.fgsm_sweep(model, x, y, norm=norm)
+    for eps in (0.0, 0.002, 0.05, 0.3, 1.0):
+        assert torch.equal(at(eps), single(model, x, y, eps=eps)), eps
+
+
+def test_robust_under_attack_is_run_attack_at_each_eps(model, data) -> None:
+    """Each eps is its own attack with its own generator, consumed chunk by chunk as run_attack does."""
+    x, y = data
+    eps, params = [0.05, 0.1], {"steps": 3, "restarts": 2}
+    correct, seconds = A.robust_under_attack(
+        "pgd", model, x, y, eps, norm="Linf", gens=[gen(1), gen(2)], batch_size=100, params=params
+    )
+    for k, (e, seed) in enumerate(zip(eps, (1, 2), strict=True)):
+        x_adv = run_attack(
+            "pgd", model, x, y, eps=e, norm="Linf", gen=gen(seed), batch_size=100, params=params
+        )
+        with torch.no_grad():
+            assert torch.equal(correct[k], model(x_adv).argmax(1) == y)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    with pytest.raises(ValueError, match="one generator per eps"):
+        A.robust_under_attack("pgd", model, x, y, eps, norm="Linf", gens=[gen()], batch_size=100)
+    with pytest.raises(UserError, match="does not support norm"):
+        A.robust_under_attack("fgsm", model, x, y, [0.1], norm="L2", gens=[None], batch_size=100)
 
 
 def test_fgsm_l2_step_has_norm_eps_before_clamp(model, data) -> None:
@@ -185,6 +228,7 @@ def test_fgsm_l2_step_has_norm_eps_before_clamp(model, data) -> None:
 
 
 @pytest.mark.parametrize("eps", [0.05, 0.1, 0.2])
+@needs_torchattacks
 def test_native_pgd_with_restarts_at_least_as_strong_as_torchattacks(model, data, eps) -> None:
     # The paper's step size 0.01 and 10 steps; ours adds a restart and Wong's best-iterate early stop.
     x, y = data
@@ -342,6 +386,7 @@ def test_autoattack_custom_needs_attacks(model, data) -> None:
 # ============ torchattacks by name ============
 
 
+@needs_torchattacks
 def test_torchattacks_is_seeded_and_restores_global_rng(model, data) -> None:
     x, y = data
     state = torch.get_rng_state()
@@ -352,19 +397,24 @@ def test_torchattacks_is_seeded_and_restores_global_rng(model, data) -> None:
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@needs_torchattacks
 def test_torchattacks_minimum_norm_attack_is_projected(model, data) -> None:
     x, y = data
     x_adv = resolve_attack("torchattacks.CW")(model, x[:32], y[:32], eps=0.2, gen=gen(), norm="L2", steps=5)
     check_perturbation(x[:32], x_adv, 0.2, "L2")
 
 
-def test_torchattacks_errors(monkeypatch) -> None:
+@needs_torchattacks
+def test_torchattacks_errors() -> None:
     with pytest.raises(UserError, match="torchattacks provides"):
         resolve_attack("torchattacks.NoSuchAttack")
     with pytest.raises(UserError, match="does not take"):
         resolve_attack("torchattacks.PGD")(
             nn.Identity(), torch.zeros(1, 1, 2, 2), torch.zeros(1).long(), eps=0.1, bogus=1
         )
+
+
+def test_torchattacks_missing_is_a_one_line_user_error(monkeypatch) -> None:
     monkeypatch.setattr(A, "_TORCHATTACKS_CACHE", {})
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # simulate "not installed"
     with pytest.raises(UserError, match=r"pip install 'robustbench-nacl\[torchattacks\]'"):
@@ -448,14 +498,18 @@ BAD_SUITES = {
     "aa bad version": ({"attack": [{"name": "autoattack", "eps": [0.1], "version": "fast"}]}, "version must"),
     "top-level key": ({"attack": [{"name": "fgsm", "eps": [0.1]}], "attacks": 1}, "unknown top-level"),
     "entry not a table": ({"attack": [3]}, "must be a table"),
-    "torchattacks bad key": (
+}
+BAD_SUITE_CASES = [pytest.param(bad, match, id=name) for name, (bad, match) in BAD_SUITES.items()] + [
+    pytest.param(
         {"attack": [{"name": "torchattacks.PGD", "eps": [0.1], "iters": 3}]},
         "unknown key",
-    ),
-}
+        id="torchattacks bad key",
+        marks=needs_torchattacks,
+    )
+]
 
 
-@pytest.mark.parametrize(("bad", "match"), BAD_SUITES.values(), ids=BAD_SUITES.keys())
+@pytest.mark.parametrize(("bad", "match"), BAD_SUITE_CASES)
 def test_invalid_suites_give_one_line_user_errors(bad, match) -> None:
     with pytest.raises(UserError, match=match) as e:
         parse_suite_dict(bad, source="t.toml")

@@ -11,14 +11,16 @@ Registered: ``fgsm``, ``fgsm_l2``, ``pgd`` (Wong et al. 2020, Linf and L2), ``au
 (pyautoattack). Any ``torchattacks.<Name>`` resolves through :func:`resolve_attack` when the
 optional torchattacks package is installed.
 
-Registry metadata (read by :mod:`robustbench_nacl.suites` and :mod:`robustbench_nacl.benchmark`
-instead of branching on names):
+Registry metadata (read by :mod:`robustbench_nacl.attack.suites` and
+:mod:`robustbench_nacl.eval.benchmark` instead of branching on names):
 
 - ``norms``: threat models the attack supports (first = default);
 - ``params``: extra keyword -> validator (suites reject unknown keys and bad values);
 - ``family``: ``"single_step"`` or ``"iterative"`` (sanity check: iterative <= single-step);
 - ``needs_num_classes``: pass ``num_classes`` (the logits width);
-- ``eps0_check``: whether running it at eps = 0 is a cheap integrity check;
+- ``sweep``: optional ``(model, x, y, *, norm, **params) -> (eps -> x_adv)`` that attacks one batch
+  at any number of epsilons from shared work, returning exactly what the attack returns at each eps
+  (FGSM: one input gradient for the whole sweep); :func:`robust_under_attack` uses it;
 - ``check_params``: optional ``(params) -> None`` raising ValueError for invalid combinations;
 - ``describe``: optional ``(params, num_classes) -> dict`` of effective settings for result rows.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -233,13 +236,22 @@ def input_grad(model: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 # ============ FGSM ============
 
 
-def _fgsm(model: nn.Module, x: Tensor, y: Tensor, eps: float, norm: str) -> Tensor:
-    # No random start (SEED_SPEC D25): FGSM is not one-step PGD with a random init.
+def fgsm_sweep(model: nn.Module, x: Tensor, y: Tensor, *, norm: str = "Linf") -> Callable[[float], Tensor]:
+    """FGSM at any epsilon from one input gradient: returns ``eps -> x_adv``.
+
+    The perturbation at every eps is ``eps * d`` with one direction ``d`` (the gradient's sign for
+    Linf, the unit-L2 gradient for L2) taken at the clean input, so a sweep over k epsilons costs
+    one backward and k forwards instead of k of each. :func:`fgsm` is this function at one eps, so
+    a sweep returns exactly what k separate FGSM calls return. No random start: FGSM is not one-step
+    PGD with a random init (see docs/decisions.md, 'Attack protocol').
+    """
     g, _ = input_grad(model, x, y)
-    return (x.detach() + _norm_ops(norm).ascent(g, eps)).clamp(0.0, 1.0)
+    direction = _norm_ops(norm).ascent(g, 1.0)
+    x = x.detach()
+    return lambda eps: (x + eps * direction).clamp(0.0, 1.0)
 
 
-@ATTACKS.register("fgsm", norms=("Linf",), params={}, family="single_step", eps0_check=True)
+@ATTACKS.register("fgsm", norms=("Linf",), params={}, family="single_step", sweep=fgsm_sweep)
 def fgsm(
     model: nn.Module,
     x: Tensor,
@@ -250,10 +262,10 @@ def fgsm(
     norm: str = "Linf",
 ) -> Tensor:
     """FGSM (Goodfellow et al. 2015): ``clamp(x + eps * sign(grad_x CE), 0, 1)``, no random start."""
-    return _fgsm(model, x, y, eps, "Linf")
+    return fgsm_sweep(model, x, y, norm="Linf")(eps)
 
 
-@ATTACKS.register("fgsm_l2", norms=("L2",), params={}, family="single_step", eps0_check=True)
+@ATTACKS.register("fgsm_l2", norms=("L2",), params={}, family="single_step", sweep=fgsm_sweep)
 def fgsm_l2(
     model: nn.Module,
     x: Tensor,
@@ -264,7 +276,7 @@ def fgsm_l2(
     norm: str = "L2",
 ) -> Tensor:
     """Fast gradient method in L2: ``clamp(x + eps * g / ||g||_2, 0, 1)``."""
-    return _fgsm(model, x, y, eps, "L2")
+    return fgsm_sweep(model, x, y, norm="L2")(eps)
 
 
 # ============ PGD (Wong et al. 2020, "Fast is better than free": attack_pgd) ============
@@ -321,7 +333,6 @@ def _pgd_run(
         "early_stop": boolean,
     },
     family="iterative",
-    eps0_check=True,
 )
 def pgd(
     model: nn.Module,
@@ -337,7 +348,7 @@ def pgd(
     random_start: bool = True,
     early_stop: bool = True,
 ) -> Tensor:
-    """PGD as in Wong et al. 2020 (SEED_SPEC 4.1): random start, sign (Linf) or normalised (L2) steps.
+    """PGD as in Wong et al. 2020: random start, sign (Linf) or normalised (L2) steps.
 
     - ``step_size`` defaults to 0.01 for Linf (the paper suite's value) and ``2.5 * eps / steps`` for L2.
     - Early stop (Wong): in each step only examples still classified correctly are updated.
@@ -424,8 +435,6 @@ def _fork_rng(device: torch.device) -> AbstractContextManager[Any]:
     family="iterative",
     needs_num_classes=True,
     check_params=_check_autoattack,
-    # At eps = 0 AutoAttack costs as much as at any eps (5000 Square queries) and proves nothing.
-    eps0_check=False,
     describe=_describe_autoattack,
 )
 def autoattack(
@@ -560,7 +569,7 @@ def attack_info(name: str) -> dict[str, Any]:
     """Registry metadata; torchattacks attacks get generic metadata (any norm, family unknown)."""
     if name.startswith(TORCHATTACKS_PREFIX):
         resolve_attack(name)
-        return {"norms": tuple(NORMS), "params": None, "family": "other", "eps0_check": True}
+        return {"norms": tuple(NORMS), "params": None, "family": "other"}
     resolve_attack(name)
     return ATTACKS.info(name)
 
@@ -598,3 +607,53 @@ def run_attack(
         check_perturbation(xb, xb_adv, eps, norm)
         out.append(xb_adv.detach())
     return torch.cat(out) if out else x.detach().clone()
+
+
+@torch.no_grad()
+def _predict(model: nn.Module, x: Tensor) -> Tensor:
+    return model(x).argmax(1)
+
+
+def robust_under_attack(
+    name: str,
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    eps: Sequence[float],
+    *,
+    norm: str,
+    gens: Sequence[torch.Generator | None],
+    batch_size: int,
+    params: dict[str, Any] | None = None,
+) -> tuple[Tensor, list[float]]:
+    """Attack every example at every eps independently; returns ``(correct, seconds)``.
+
+    ``correct[k, i]``: the model still classifies ``x[i]`` correctly under the attack at ``eps[k]``
+    (each eps is its own attack, never carried over from another eps); ``seconds[k]``: the wall time
+    spent on ``eps[k]``. ``gens[k]`` seeds the attack at ``eps[k]``, consumed chunk by chunk exactly
+    as :func:`run_attack` would. An attack with a registered ``sweep`` (FGSM) computes what the eps
+    share once per chunk, and its shared time is split evenly between the eps. Every perturbation
+    is checked against the threat model (``SanityError`` if it leaves the eps-ball or [0,1]).
+    """
+    fn, info = resolve_attack(name), attack_info(name)
+    if norm not in info["norms"]:
+        raise UserError(
+            f"attack {name!r} does not support norm {norm!r}; it supports: {', '.join(info['norms'])}"
+        )
+    if len(gens) != len(eps):
+        raise ValueError(f"one generator per eps: got {len(gens)} for {len(eps)} epsilons")
+    params, sweep = dict(params or {}), info.get("sweep")
+    correct = torch.zeros((len(eps), len(x)), dtype=torch.bool, device=x.device)
+    seconds = [0.0] * len(eps)
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        t = time.perf_counter()
+        at = sweep(model, xb, yb, norm=norm, **params) if sweep is not None else None
+        shared = (time.perf_counter() - t) / max(1, len(eps))
+        for k, e in enumerate(eps):
+            t = time.perf_counter()
+            xa = at(e) if at is not None else fn(model, xb, yb, eps=e, gen=gens[k], norm=norm, **params)
+            check_perturbation(xb, xa, e, norm)
+            correct[k, i : i + len(xb)] = _predict(model, xa) == yb
+            seconds[k] += time.perf_counter() - t + shared
+    return correct, seconds

@@ -1,27 +1,41 @@
 """``benchmark()``: clean and robust accuracy of any [0,1]-image classifier under an attack suite.
 
 One row per (attack spec, eps), plus one ``worst_case`` row per (norm, eps), each carrying the
-sanity flags of :mod:`robustbench_nacl.sanity`. Rows are flat dicts (accuracies as fractions).
+sanity flags of :mod:`robustbench_nacl.eval.sanity` and the per-example outcomes as packed bit
+strings (``clean_bits``, ``robust_bits``: see :func:`encode_bits`). Rows are flat dicts
+(accuracies as fractions).
 
-Work is never repeated: clean predictions are computed once; an attack only sees examples that are
-classified correctly and not yet fooled at a smaller eps of the same sweep (a perturbation in a
-smaller Linf/L2 ball is a valid perturbation in a larger one, so the example is decided).
+Protocol (see docs/decisions.md, 'Attack protocol'):
+
+- clean predictions are computed once, and only clean-correct examples are attacked (a
+  misclassified example is not robust whatever the attack does);
+- every attack row is its own measurement: each clean-correct example is attacked at each eps
+  independently, as Wong et al.'s code does (FGSM is not monotone in eps, so carrying an example
+  fooled at a smaller eps over to larger ones would change the FGSM numbers);
+- an FGSM sweep takes the input gradient once for all its epsilons (the perturbation at every eps
+  is ``eps`` times one direction), which gives exactly the per-eps result at a fraction of the cost;
+- ``worst_case`` rows count an example as robust only if it survived every attack of the suite at
+  that norm at every eps <= this one (a perturbation in a smaller ball lies in the larger one).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import time
-from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..attack.attacks import attack_info, model_device, run_attack
-from ..attack.suites import Suite, load_suite
+from ..attack.attacks import attack_info, model_device, robust_under_attack
+from ..attack.suites import AttackSpec, Suite, load_suite
 from ..attack.threat import eps_label
 from ..errors import UserError
 from ..io import canonical_json
@@ -30,12 +44,14 @@ from .sanity import (
     TOL_EXAMPLES,
     chance_level,
     cross_row_checks,
+    looks_like_probabilities,
     model_checks,
     noise_accuracy,
 )
 
 WORST_CASE = "worst_case"
-# CPU: a 256-image batch is past the throughput knee for small CNNs and ResNet-18 (PERF_RELIABILITY 2.2).
+# CPU: a 256-image batch is past the throughput knee for small CNNs and ResNet-18 (measured; see
+# docs/decisions.md, 'Attack batch size').
 DEFAULT_BATCH = {"cpu": 256, "cuda": 1024}
 
 
@@ -54,7 +70,37 @@ def predict(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
     return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
 
 
-def _check_inputs(x: Tensor, y: Tensor) -> None:
+# ============ per-example outcomes as compact strings ============
+
+
+def encode_bits(mask: Tensor | np.ndarray | Sequence[bool]) -> str:
+    """Per-example booleans as base64 text: ``numpy.packbits(mask, bitorder="little")``.
+
+    Example ``i`` is bit ``i % 8`` (least significant first) of byte ``i // 8``; the padding bits
+    of the last byte are 0. 10,000 examples take 1,668 characters.
+    """
+    arr = np.asarray(mask.detach().cpu() if isinstance(mask, Tensor) else mask, dtype=bool).ravel()
+    return base64.b64encode(np.packbits(arr, bitorder="little").tobytes()).decode("ascii")
+
+
+def decode_bits(text: str, n: int) -> np.ndarray:
+    """The ``n`` booleans :func:`encode_bits` packed into ``text`` (a one-line UserError if malformed)."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise UserError(f"per-example bits {str(text)[:40]!r} are not base64 text") from None
+    if n < 0 or len(raw) != (n + 7) // 8:
+        raise UserError(f"per-example bits hold {len(raw)} bytes; {n} examples need {(n + 7) // 8}")
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").astype(bool)
+    if bits[n:].any():
+        raise UserError(f"per-example bits have set padding bits beyond example {n}: not {n} examples")
+    return bits[:n]
+
+
+# ============ inputs and clean pass ============
+
+
+def _check_inputs(x: Tensor, y: Tensor, batch_size: int | None) -> None:
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 2:
         raise UserError(
             "x must be a floating-point tensor of images shaped (N, C, H, W) with values in [0,1]"
@@ -71,28 +117,163 @@ def _check_inputs(x: Tensor, y: Tensor) -> None:
             f"x has values in [{lo:.3g}, {hi:.3g}] but attacks take images in [0,1]; "
             "normalisation belongs inside the model (as a buffer), not in the data"
         )
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
-def _eps0_check(
-    model: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    suite: Suite,
-    clean_pred: Tensor,
-    *,
-    device: torch.device,
-    seed: int,
-    bs: int,
-    num_classes: int,
-) -> bool:
-    """Run the suite's first cheap attack at eps = 0: predictions must equal the clean ones exactly."""
-    spec = next((s for s in suite.attacks if attack_info(s.name).get("eps0_check", True)), None)
-    name, norm, params = (spec.name, spec.norm, dict(spec.params)) if spec else ("fgsm", "Linf", {})
-    if attack_info(name).get("needs_num_classes"):
-        params["num_classes"] = num_classes
-    gen = _generator(device, derive_seed(seed, "eps0", name))
-    x_adv = run_attack(name, model, x, y, eps=0.0, norm=norm, gen=gen, batch_size=bs, params=params)
-    return bool((predict(model, x_adv, bs).argmax(1) == clean_pred).all())
+def _clean_correct(
+    model: nn.Module, x: Tensor, y: Tensor, bs: int, num_classes: int | None
+) -> tuple[Tensor, int]:
+    """Which examples the model classifies correctly, and the logits width (input errors raised)."""
+    logits = predict(model, x, bs)
+    if logits.dim() != 2:
+        raise UserError(f"the model must return logits shaped (N, classes), got {tuple(logits.shape)}")
+    width = int(logits.shape[1])
+    if num_classes is not None and num_classes != width:
+        raise UserError(f"num_classes={num_classes} but the model outputs {width} logits")
+    if int(y.min()) < 0 or int(y.max()) >= width:
+        raise UserError(f"labels must be in [0, {width - 1}] for a model with {width} logits")
+    if width > 1 and looks_like_probabilities(logits):
+        raise UserError(
+            "the model returns probabilities (every output row in [0,1], summing to 1); attacks need "
+            "logits: drop the final softmax"
+        )
+    return logits.argmax(1) == y, width
+
+
+# ============ the sweep ============
+
+
+@dataclass
+class _Run:
+    """What every part of one benchmark call shares."""
+
+    model: nn.Module
+    x: Tensor
+    y: Tensor
+    clean: Tensor  # bool (N,): classified correctly without attack
+    device: torch.device
+    seed: int
+    bs: int
+    width: int
+    progress: Any
+    common: dict[str, Any] = field(default_factory=dict)
+    noise: dict[tuple[str, float], float] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.x)
+
+    def noise_acc(self, norm: str, eps: float) -> float:
+        """Fraction of all examples correct both clean and under random noise of size eps (cached)."""
+        if (norm, eps) not in self.noise:
+            gen = _generator(self.device, derive_seed(self.seed, "noise", norm, eps))
+            idx = self.clean.nonzero().squeeze(1)
+            acc = noise_accuracy(
+                self.model, self.x[idx], self.y[idx], eps, gen, norm=norm, batch_size=self.bs
+            )
+            self.noise[(norm, eps)] = acc * len(idx) / self.n
+        return self.noise[(norm, eps)]
+
+    def row(self, **fields: Any) -> dict[str, Any]:
+        """A result row: ``fields`` (with a ``robust`` mask) plus the common fields and the noise baseline."""
+        robust: Tensor = fields.pop("robust")
+        n_robust = int(robust.sum())
+        head = {k: fields.pop(k) for k in ("attack", "attack_family", "norm", "eps")}
+        return {
+            **head,
+            "eps_label": eps_label(head["eps"]),
+            **fields,
+            **self.common,
+            "robust_acc": n_robust / self.n,
+            "n_robust": n_robust,
+            "robust_bits": encode_bits(robust),
+            "sanity_noise_acc": self.noise_acc(head["norm"], head["eps"]),
+        }
+
+
+def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[Tensor]]:
+    """Rows of one attack spec, in increasing eps, and the robust mask of each."""
+    info = attack_info(spec.name)
+    params = dict(spec.params)
+    run_params = {**params, **({"num_classes": run.width} if info.get("needs_num_classes") else {})}
+    eps = sorted(spec.eps)
+    gens = [_generator(run.device, derive_seed(run.seed, spec.name, spec.norm, params, e)) for e in eps]
+    todo = run.clean.nonzero().squeeze(1)
+    run.progress.set_postfix_str(f"{spec.name} {spec.norm}")
+    correct, seconds = robust_under_attack(
+        spec.name,
+        run.model,
+        run.x[todo],
+        run.y[todo],
+        eps,
+        norm=spec.norm,
+        gens=gens,
+        batch_size=run.bs,
+        params=run_params,
+    )
+    describe = info.get("describe")
+    shown = {**params, **(describe(params, run.width) if describe else {})}
+    rows, masks = [], []
+    for k, e in enumerate(eps):
+        robust = torch.zeros(run.n, dtype=torch.bool, device=run.device)
+        robust[todo] = correct[k]
+        rows.append(
+            run.row(
+                attack=spec.name,
+                attack_family=info.get("family", "other"),
+                norm=spec.norm,
+                eps=e,
+                params=shown,
+                robust=robust,
+                n_attacked=int(todo.numel()),
+                wall_s=seconds[k],
+            )
+        )
+        masks.append(robust)
+        run.progress.update()
+    return rows, masks
+
+
+def _worst_case_rows(
+    run: _Run, suite: Suite, attack_rows: list[dict[str, Any]], masks: list[Tensor]
+) -> list[dict[str, Any]]:
+    """Per (norm, eps): robust only if no attack at that norm fooled the example at any eps <= this one."""
+    out = []
+    for norm in sorted({r["norm"] for r in attack_rows}):
+        names = list(dict.fromkeys(s.name for s in suite.attacks if s.norm == norm))
+        at_norm = [(r, m) for r, m in zip(attack_rows, masks, strict=True) if r["norm"] == norm]
+        cum = run.clean.clone()
+        for eps in sorted({r["eps"] for r, _ in at_norm}):
+            for r, m in at_norm:
+                if r["eps"] == eps:
+                    cum &= m  # smaller balls lie inside larger ones: their successes count here too
+            wall = sum(r["wall_s"] for r, _ in at_norm if r["eps"] == eps)
+            out.append(
+                run.row(
+                    attack=WORST_CASE,
+                    attack_family=WORST_CASE,
+                    norm=norm,
+                    eps=eps,
+                    params={"attacks": names},
+                    robust=cum.clone(),
+                    n_attacked=0,
+                    wall_s=wall,
+                )
+            )
+    return out
+
+
+# ============ the entry point ============
+
+
+def _model_flags(run: _Run, sanity_n: int) -> dict[str, Any]:
+    chance = chance_level(run.y, run.width)
+    gen = _generator(run.device, derive_seed(run.seed, "sanity"))
+    flags = model_checks(run.model, run.x, run.y, gen=gen, chance=chance, n=sanity_n)
+    n_clean = int(run.clean.sum())
+    flags["sanity_clean_above_chance"] = n_clean / run.n > chance + TOL_EXAMPLES / run.n
+    return flags
 
 
 def benchmark(
@@ -112,145 +293,48 @@ def benchmark(
     Each row has ``attack``, ``attack_family``, ``norm``, ``eps``, ``eps_label``, ``params``,
     ``suite``, ``suite_sha256``, ``clean_acc``, ``robust_acc``, ``n_examples``, ``n_robust``,
     ``n_clean_correct``, ``n_attacked``, ``num_classes``, ``seed``, ``batch_size``, ``device``,
-    ``wall_s`` and the ``sanity_*`` flags (``sanity_ok`` summarises them). ``worst_case`` rows
-    count an example as robust only if every attack in the suite at that norm and any eps <= this
-    eps failed on it. Deterministic given ``seed`` (and ``batch_size`` and the device).
+    ``wall_s``, ``setup_wall_s``, ``clean_bits``, ``robust_bits`` and the ``sanity_*`` flags
+    (``sanity_ok`` summarises them). Attack rows attack every clean-correct example at every eps
+    independently; ``worst_case`` rows count an example as robust only if every attack in the suite
+    at that norm and any eps <= this eps failed on it. Deterministic given ``seed`` (and
+    ``batch_size`` and the device). A model returning probabilities is a ``UserError``.
     """
     suite = load_suite(suite)
-    _check_inputs(x, y)
-    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
+    _check_inputs(x, y, batch_size)
     device = model_device(model, x.device)
     model.eval()
     x, y = x.detach().to(device), y.detach().to(device).long()
     bs = batch_size or DEFAULT_BATCH.get(device.type, 256)
-    n = len(x)
-
-    # ============ clean predictions, once ============
     t0 = time.perf_counter()
-    logits = predict(model, x, bs)
-    if logits.dim() != 2:
-        raise UserError(f"the model must return logits shaped (N, classes), got {tuple(logits.shape)}")
-    width = int(logits.shape[1])
-    if num_classes is not None and num_classes != width:
-        raise UserError(f"num_classes={num_classes} but the model outputs {width} logits")
-    if int(y.min()) < 0 or int(y.max()) >= width:
-        raise UserError(f"labels must be in [0, {width - 1}] for a model with {width} logits")
-    clean_pred = logits.argmax(1)
-    clean_correct = clean_pred == y
-    n_clean = int(clean_correct.sum())
-    clean_acc = n_clean / n
-    chance = chance_level(y, width)
-
-    # ============ per-model sanity checks (on at most sanity_n examples) ============
-    flags = model_checks(
-        model, x, y, gen=_generator(device, derive_seed(seed, "sanity")), chance=chance, n=sanity_n
-    )
-    flags["sanity_clean_above_chance"] = clean_acc > chance + TOL_EXAMPLES / n
-    m = max(1, sanity_n)
-    flags["sanity_eps0_equals_clean"] = _eps0_check(
-        model, x[:m], y[:m], suite, clean_pred[:m], device=device, seed=seed, bs=bs, num_classes=width
-    )
-
-    common = {
+    clean, width = _clean_correct(model, x, y, bs, num_classes)
+    total = sum(len(s.eps) for s in suite.attacks)
+    bar = tqdm(total=total, disable=not progress, desc="benchmark", unit="eps")
+    run = _Run(model, x, y, clean, device, seed, bs, width, bar)
+    n_clean = int(clean.sum())
+    run.common = {
         "suite": suite.name,
         "suite_sha256": suite.sha256,
-        "clean_acc": clean_acc,
-        "n_examples": n,
+        "clean_acc": n_clean / run.n,
+        "n_examples": run.n,
         "n_clean_correct": n_clean,
+        "clean_bits": encode_bits(clean),
         "num_classes": width,
         "seed": seed,
         "batch_size": bs,
         "device": str(device),
+        **_model_flags(run, sanity_n),
     }
-    rows: list[dict[str, Any]] = []
-    robust_masks: dict[tuple[str, float], list[tuple[str, Tensor]]] = defaultdict(list)
-    noise_cache: dict[tuple[str, float], float] = {}
     setup_s = time.perf_counter() - t0
-
-    # ============ attack sweeps ============
-    bar = tqdm(
-        total=sum(len(s.eps) for s in suite.attacks), disable=not progress, desc="benchmark", unit="eps"
-    )
+    rows: list[dict[str, Any]] = []
+    masks: list[Tensor] = []
     try:
         for spec in suite.attacks:
-            info = attack_info(spec.name)
-            params = dict(spec.params)
-            run_params = {**params, **({"num_classes": width} if info.get("needs_num_classes") else {})}
-            fooled = torch.zeros(n, dtype=torch.bool, device=device)
-            for eps in sorted(spec.eps):
-                bar.set_postfix_str(f"{spec.name} {spec.norm} {eps_label(eps)}")
-                t = time.perf_counter()
-                todo = (clean_correct & ~fooled).nonzero().squeeze(1)
-                gen = _generator(device, derive_seed(seed, spec.name, spec.norm, params, eps))
-                if todo.numel():
-                    x_adv = run_attack(
-                        spec.name,
-                        model,
-                        x[todo],
-                        y[todo],
-                        eps=eps,
-                        norm=spec.norm,
-                        gen=gen,
-                        batch_size=bs,
-                        params=run_params,
-                    )
-                    fooled[todo[predict(model, x_adv, bs).argmax(1) != y[todo]]] = True
-                robust = clean_correct & ~fooled
-                key = (spec.norm, eps)
-                if key not in noise_cache:
-                    noise_gen = _generator(device, derive_seed(seed, "noise", spec.norm, eps))
-                    noise_cache[key] = noise_accuracy(
-                        model, x, y, eps, noise_gen, norm=spec.norm, batch_size=bs
-                    )
-                describe = info.get("describe")
-                rows.append(
-                    {
-                        "attack": spec.name,
-                        "attack_family": info.get("family", "other"),
-                        "norm": spec.norm,
-                        "eps": eps,
-                        "eps_label": eps_label(eps),
-                        "params": {**params, **(describe(params, width) if describe else {})},
-                        **common,
-                        "robust_acc": int(robust.sum()) / n,
-                        "n_robust": int(robust.sum()),
-                        "n_attacked": int(todo.numel()),
-                        "wall_s": time.perf_counter() - t,
-                        **flags,
-                        "sanity_noise_acc": noise_cache[key],
-                    }
-                )
-                robust_masks[key].append((spec.name, robust))
-                bar.update()
+            spec_rows, spec_masks = _spec_rows(run, spec)
+            rows += spec_rows
+            masks += spec_masks
     finally:
         bar.close()
-
-    # ============ per-example worst case across the suite ============
-    for norm in sorted({k[0] for k in robust_masks}):
-        cum = torch.ones(n, dtype=torch.bool, device=device)
-        names = list(dict.fromkeys(s.name for s in suite.attacks if s.norm == norm))
-        for eps in sorted(e for (nm, e) in robust_masks if nm == norm):
-            for _, mask in robust_masks[(norm, eps)]:
-                cum &= mask  # smaller balls lie inside larger ones: their successes count here too
-            wall = sum(r["wall_s"] for r in rows if r["norm"] == norm and r["eps"] == eps)
-            rows.append(
-                {
-                    "attack": WORST_CASE,
-                    "attack_family": WORST_CASE,
-                    "norm": norm,
-                    "eps": eps,
-                    "eps_label": eps_label(eps),
-                    "params": {"attacks": names},
-                    **common,
-                    "robust_acc": int(cum.sum()) / n,
-                    "n_robust": int(cum.sum()),
-                    "n_attacked": 0,
-                    "wall_s": wall,
-                    **flags,
-                    "sanity_noise_acc": noise_cache[(norm, eps)],
-                }
-            )
+    rows += _worst_case_rows(run, suite, rows, masks)
     for r in rows:
         r["setup_wall_s"] = setup_s
     cross_row_checks(rows)

@@ -1,0 +1,252 @@
+"""Every sanity flag can fire, and fires through the real path: ``robustbench_nacl.evaluate`` on a
+checkpoint directory written by ``train``, probed and attacked end to end.
+
+One tiny convnet_small checkpoint is trained; each broken variant is a copy of it whose manifest
+names an encoder registered by this file: the same weights under a different ``forward`` (noise,
+batch statistics, an ``eval()`` that does not reach a submodule, input quantisation, a collapsed
+output, a quantising defence that engages above a noise threshold). A weak attack configuration
+on the sound checkpoint covers the cross-row flags. The sound checkpoint under the same suites is
+the control: it raises no flag, so each firing flag is caused by what its variant breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _models import one_thread
+from torch import Tensor, nn
+
+from robustbench_nacl.eval.evaluate import evaluate
+from robustbench_nacl.eval.probe import ProbeConfig
+from robustbench_nacl.eval.sanity import FLAGS
+from robustbench_nacl.models.encoders import ENCODERS, Encoder
+from robustbench_nacl.train import TrainConfig, train
+
+# convnet_small of width 8 on digits 0-4: a checkpoint in a few seconds
+TINY = TrainConfig(
+    loss="simclr",
+    dataset="digits:0-4",
+    encoder="convnet_small",
+    encoder_kwargs={"width": 8},
+    epochs=2,
+    batch_size=64,
+    lr=3e-3,
+    knn_every=0,
+)
+QUICK = {"n_examples": 180, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress": False}
+
+# Digits pixels take 17 levels round(k * 255 / 16) / 255, about 1/16 apart: snapping an image back
+# onto them undoes any perturbation below ~0.029. The snapping defence engages above SNAP_AT.
+SNAP_AT, EPS_BELOW, EPS_ABOVE = 0.02, 0.018, 0.027
+SUITES: dict[str, dict[str, Any]] = {
+    "sweep": {
+        "attack": [
+            {"name": "fgsm", "eps": [EPS_BELOW, EPS_ABOVE]},
+            {"name": "pgd", "eps": [EPS_BELOW, EPS_ABOVE], "steps": 10, "step_size": 0.005},
+        ]
+    },
+    # a PGD that barely moves (one step of 0.001, no random start) at a large eps ...
+    "weak": {
+        "attack": [
+            {"name": "fgsm", "eps": [0.3]},
+            {"name": "pgd", "eps": [0.3], "steps": 1, "step_size": 0.001, "random_start": False},
+        ]
+    },
+    # ... and its control: a PGD that can use the ball
+    "strong": {
+        "attack": [
+            {"name": "fgsm", "eps": [0.3]},
+            {"name": "pgd", "eps": [0.3], "steps": 10, "step_size": 0.05},
+        ]
+    },
+}
+
+
+def _snap(x: Tensor) -> Tensor:
+    return torch.round(torch.round(x * 16) * 255 / 16) / 255
+
+
+class Noisy(Encoder):
+    """Randomized: Gaussian noise on the features at every call."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = super().forward(x)
+        return h + 0.5 * torch.randn_like(h)
+
+
+class BatchCentred(Encoder):
+    """Batch statistics in eval mode: features centred on the mean of the batch they arrive in."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = super().forward(x)
+        return h - h.mean(0, keepdim=True)
+
+
+class IgnoresEval(Encoder):
+    """A ``train()`` override that forgets a child: ``eval()`` leaves the dropout active."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.drop = nn.Dropout(0.2)
+
+    def train(self, mode: bool = True) -> IgnoresEval:
+        self.training = mode
+        self.backbone.train(mode)
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(super().forward(x))
+
+
+class Quantising(Encoder):
+    """Input rounded to 4 levels: accurate, with an all-zero input gradient everywhere."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(torch.round(x * 3) / 3)
+
+
+class Collapsed(Encoder):
+    """The same features whatever the input."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.mean.new_ones(len(x), self.feature_dim)
+
+
+class Snapping(Encoder):
+    """A quantising defence that engages only when some pixel is more than SNAP_AT off the pixel
+    levels: below that the encoder is attackable; above it the image is snapped back to the clean
+    one (zero gradient). Attacks therefore succeed at EPS_BELOW and fail at EPS_ABOVE."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = _snap(x)
+        engaged = (x - s).abs().flatten(1).amax(1) > SNAP_AT
+        return torch.where(engaged[:, None], super().forward(s), super().forward(x))
+
+
+BROKEN = {
+    cls.__name__.lower(): cls for cls in (Noisy, BatchCentred, IgnoresEval, Quantising, Collapsed, Snapping)
+}
+
+# flag -> (encoder variant, suite, the rows it must fail in: "all" or "attack@eps")
+CASES: dict[str, tuple[str, str, str]] = {
+    "deterministic": ("noisy", "sweep", "all"),
+    "batch_independent": ("batchcentred", "sweep", "all"),
+    "eval_mode": ("ignoreseval", "sweep", "all"),
+    "nonzero_gradients": ("quantising", "sweep", "all"),
+    "unbounded_reaches_zero": ("quantising", "sweep", "all"),
+    "clean_above_chance": ("collapsed", "sweep", "all"),
+    "monotone_in_eps": ("snapping", "sweep", f"pgd@{EPS_ABOVE}"),
+    "le_single_step": ("convnet_small", "weak", "pgd@0.3"),
+    "attack_beats_noise": ("convnet_small", "weak", "pgd@0.3"),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _broken_encoders():
+    """Register the broken encoders for this module only (same weights as convnet_small)."""
+    base = ENCODERS.get("convnet_small")
+
+    def factory(cls: type[Encoder]):
+        def make(*, in_channels=3, mean=(0.5,), std=(0.5,), input_shape=None, width=32) -> Encoder:
+            net = base(in_channels=in_channels, mean=mean, std=std, input_shape=input_shape, width=width)
+            return cls(
+                net.backbone,
+                net.feature_dim,
+                in_channels=in_channels,
+                mean=mean,
+                std=std,
+                input_shape=input_shape,
+            )
+
+        return make
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, cls in BROKEN.items():
+            mp.setitem(ENCODERS._items, name, factory(cls))
+            mp.setitem(ENCODERS._info, name, {"description": f"test: {cls.__doc__}", "input": "images"})
+        yield
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train(TINY, tmp_path_factory.mktemp("ckpt") / "run", progress=False)
+
+
+@pytest.fixture(scope="module")
+def evaluated(ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``(encoder, suite) -> rows`` of ``evaluate``, each computed once for the module."""
+    cache: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    root = tmp_path_factory.mktemp("variants")
+
+    def rows(encoder: str, suite: str) -> list[dict[str, Any]]:
+        if (encoder, suite) not in cache:
+            path = ckpt
+            if encoder != TINY.encoder:
+                path = root / encoder
+                if not path.exists():
+                    shutil.copytree(ckpt, path)
+                    manifest = json.loads((path / "manifest.json").read_text())
+                    manifest["encoder"] = encoder
+                    (path / "manifest.json").write_text(json.dumps(manifest))
+            out = root / f"rows-{encoder}-{suite}"
+            cache[(encoder, suite)] = list(evaluate(path, suite=SUITES[suite], out=out, **QUICK))
+        return cache[(encoder, suite)]
+
+    return rows
+
+
+def test_every_flag_has_a_case_that_makes_it_fire() -> None:
+    assert set(CASES) == set(FLAGS)
+
+
+@pytest.mark.parametrize("suite", ["sweep", "strong"])
+def test_the_sound_checkpoint_raises_no_flag(evaluated, suite: str) -> None:
+    rows = evaluated(TINY.encoder, suite)
+    assert rows and all(r["sanity_ok"] and not r["sanity_warnings"] for r in rows), [
+        (r["attack"], r["eps"], r["sanity_failed"], r["sanity_warnings"]) for r in rows
+    ]
+    applied = {flag for flag in FLAGS if any(r[f"sanity_{flag}"] is True for r in rows)}
+    assert applied == set(FLAGS) - ({"monotone_in_eps"} if suite == "strong" else set())
+
+
+@pytest.mark.parametrize("flag", sorted(CASES))
+def test_flag_fires_through_evaluate(evaluated, flag: str) -> None:
+    encoder, suite, where = CASES[flag]
+    rows = evaluated(encoder, suite)
+    hit = [r for r in rows if where in ("all", f"{r['attack']}@{r['eps']}")]
+    assert hit and all(r[f"sanity_{flag}"] is False for r in hit), [
+        (r["attack"], r["eps"], r[f"sanity_{flag}"]) for r in rows
+    ]
+    assert all(flag in r["sanity_failed"].split(",") and not r["sanity_ok"] for r in hit)
+
+
+def test_snapping_defence_makes_fgsm_non_monotone_as_a_warning(evaluated) -> None:
+    """FGSM rising with eps is legitimate for some models: it fires as a warning, not a failure."""
+    rows = evaluated("snapping", "sweep")
+    fgsm = sorted((r for r in rows if r["attack"] == "fgsm"), key=lambda r: r["eps"])
+    assert fgsm[1]["n_robust"] > fgsm[0]["n_robust"] + 2  # the defence engaged at the larger eps
+    assert fgsm[1]["sanity_monotone_in_eps"] is False
+    assert "monotone_in_eps" in fgsm[1]["sanity_warnings"].split(",")
+    assert "monotone_in_eps" not in fgsm[1]["sanity_failed"].split(",")
+
+
+def test_model_flags_are_distinct(evaluated) -> None:
+    """Batch statistics are deterministic for a fixed batch, and only an ``eval()`` that misses a
+    submodule trips ``eval_mode``: the model-level flags are separate signals, not one."""
+    failed = {
+        enc: {f for r in evaluated(enc, "sweep") for f in r["sanity_failed"].split(",")}
+        for enc in ("noisy", "batchcentred", "ignoreseval")
+    }
+    assert "deterministic" not in failed["batchcentred"]
+    assert {enc for enc, flags in failed.items() if "eval_mode" in flags} == {"ignoreseval"}
