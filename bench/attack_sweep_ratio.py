@@ -45,7 +45,7 @@ def _classifier(quick: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
     from robustbench_nacl import losses
     from robustbench_nacl.data.datasets import load_dataset
     from robustbench_nacl.eval.probe import ProbedClassifier
-    from robustbench_nacl.train import TrainConfig, TrainStep, build_model
+    from robustbench_nacl.training import TrainConfig, TrainStep, build_model
 
     n_train, epochs = (1024, 1) if quick else (4096, 3)
     cfg = TrainConfig(

@@ -36,7 +36,7 @@ def run(args: Any) -> dict[str, Any]:
             "config": {"encoder": "resnet18_cifar", "batch": 256, "precision": "bf16", "channels_last": True},
         }
     from robustbench_nacl import losses
-    from robustbench_nacl.train import TrainConfig, TrainStep, build_model
+    from robustbench_nacl.training import TrainConfig, TrainStep, build_model
 
     dev = torch.device("cuda")
     cfg = TrainConfig(

@@ -2,7 +2,7 @@
 
 Contenders, same process, same model and optimizer, same precision, run alternately:
 
-- ``trainer_step``: ``robustbench_nacl.train.TrainStep``, the code ``train()`` runs for every batch:
+- ``trainer_step``: ``robustbench_nacl.training.TrainStep``, the code ``train()`` runs for every batch:
   gather the batch from the uint8 training tensor, batched SimCLR views (``augment.VIEW_MAKERS``), one
   forward per view, the loss from ``losses.OBJECTIVES``, backward, Adam step;
 - ``pure_compute``: the same model on pre-made views (``TrainStep.views`` of one batch, made once, so of
@@ -24,7 +24,7 @@ def _setup(encoder: str, batch: int) -> tuple[Any, Any, torch.Tensor, dict[str, 
     """Model, TrainStep, the uint8 training pool and a description of the data."""
     from robustbench_nacl import losses
     from robustbench_nacl.data.datasets import load_dataset
-    from robustbench_nacl.train import TrainConfig, TrainStep, build_model
+    from robustbench_nacl.training import TrainConfig, TrainStep, build_model
 
     if encoder == "convnet_small":
         dataset = "fashion-mnist"

@@ -35,7 +35,7 @@ def run(args: Any) -> dict[str, Any]:
     """Measure both pipelines alternately and report the images/s ratio."""
     from robustbench_nacl import losses
     from robustbench_nacl.data.datasets import load_dataset
-    from robustbench_nacl.train import TrainConfig, TrainStep, build_model
+    from robustbench_nacl.training import TrainConfig, TrainStep, build_model
 
     batch, steps, workers = 256, (3 if args.quick else 6), 2
     reps = args.reps or (2 if args.quick else 3)

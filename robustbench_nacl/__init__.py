@@ -5,20 +5,23 @@ The public API (everything else is reachable through the submodules)::
     from robustbench_nacl import benchmark, evaluate, train, TrainConfig, pair_loss
 """
 
+from . import plugins
 from ._version import __version__
 from .attack.suites import load_suite
 from .data.datasets import load_dataset
 from .eval.benchmark import benchmark
 from .eval.evaluate import evaluate
 from .eval.probe import ProbeConfig, fit_linear_probe
-from .losses import list_presets, pair_loss, resolve
-from .models.encoders import create_encoder
+from .eval.rows import ResultRow, load_rows
+from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
+from .models.encoders import create_encoder, register_encoder
 from .models.foreign import load_encoder
 from .report.leaderboard import render_leaderboard
-from .train.trainer import TrainConfig, train
+from .training import TrainConfig, train
 
 __all__ = [
     "ProbeConfig",
+    "ResultRow",
     "TrainConfig",
     "__version__",
     "benchmark",
@@ -28,8 +31,13 @@ __all__ = [
     "list_presets",
     "load_dataset",
     "load_encoder",
+    "load_rows",
     "load_suite",
     "pair_loss",
+    "plugins",
+    "register_encoder",
+    "register_pair_loss",
+    "register_preset",
     "render_leaderboard",
     "resolve",
     "train",

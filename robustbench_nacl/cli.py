@@ -289,7 +289,7 @@ _TRAIN_HELP = {
 
 def run_train(args: argparse.Namespace) -> int:
     from .losses import parse_overrides
-    from .train import TrainConfig, train
+    from .training import TrainConfig, train
 
     _writable_out(args.out)
     cfg = TrainConfig(
@@ -311,7 +311,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 @command("train", "train one encoder with one loss preset")
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from .train import TrainConfig
+    from .training import TrainConfig
 
     p.add_argument("--loss", required=True, help="loss preset (see `robustbench-nacl losses`)")
     p.add_argument(
@@ -502,7 +502,7 @@ def _zoo_show(args: argparse.Namespace) -> int:
 
 def _zoo_train(args: argparse.Namespace) -> int:
     from . import zoo
-    from .train import train
+    from .training import train
 
     _writable_out(args.out)
     for e in _zoo_entries(args):

@@ -118,7 +118,7 @@ def _init_worker() -> None:
 
 
 def _train_job(entry: ZooEntry, ckpts: str, plan: DemoPlan, device: str) -> str:
-    from .train import train
+    from .training import train
 
     d = checkpoint_dir(entry, ckpts)
     cfg = entry.train_config(max_train=plan.max_train, knn_every=max(plan.epochs, 1))

@@ -56,7 +56,7 @@ class ZooEntry:
 
     def train_config(self, data_root: str | None = None, **extra: Any) -> Any:
         """The TrainConfig this entry describes."""
-        from .train import TrainConfig
+        from .training import TrainConfig
 
         return TrainConfig(
             loss=self.loss,

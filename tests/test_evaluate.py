@@ -17,7 +17,7 @@ from robustbench_nacl.eval.evaluate import evaluate, random_init_like, settings_
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.rows import IDENTITY, REQUIRED, ResultRow, load_rows
 from robustbench_nacl.models.foreign import load_encoder
-from robustbench_nacl.train import TrainConfig, train
+from robustbench_nacl.training import TrainConfig, train
 
 QUICK = {"n_examples": 40, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress": False}
 

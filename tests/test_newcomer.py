@@ -34,7 +34,7 @@ from robustbench_nacl.io import (
     write_json_atomic,
 )
 from robustbench_nacl.registry import Registry, did_you_mean
-from robustbench_nacl.train import TrainConfig, train
+from robustbench_nacl.training import TrainConfig, train
 from robustbench_nacl.utils import cpu_threads, device_name
 
 REPO = Path(__file__).resolve().parents[1]

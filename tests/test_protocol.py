@@ -16,7 +16,7 @@ from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.rows import load_rows
 from robustbench_nacl.report.leaderboard import render_leaderboard
-from robustbench_nacl.train import TrainConfig, train
+from robustbench_nacl.training import TrainConfig, train
 
 QUICK: dict[str, Any] = {"n_examples": 40, "probe": ProbeConfig(epochs=20, lr=1e-2), "progress": False}
 # four 1-epoch... runs of one loss and seed: three widths at 1 epoch, and width 4 at 2 epochs

@@ -49,8 +49,8 @@ from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.io import sha256_file, write_bytes_atomic, write_json_atomic
 from robustbench_nacl.models.checkpoint import read_manifest
-from robustbench_nacl.train import loop as trainer
-from robustbench_nacl.train import train
+from robustbench_nacl.training import loop as trainer
+from robustbench_nacl.training import train
 
 QUICK = {"suite": "quick", "n_examples": 40, "probe": ProbeConfig(epochs=30), "progress": False}
 
@@ -278,7 +278,7 @@ def test_any_os_error_reaching_the_cli_is_one_line_exit_2(
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/srv/shared/run/log.jsonl")
 
     # The CLI looks `train` up on the training package (the package attribute, not the function).
-    monkeypatch.setattr(importlib.import_module("robustbench_nacl.train"), "train", denied)
+    monkeypatch.setattr(importlib.import_module("robustbench_nacl.training"), "train", denied)
     rc, _, err = cli(train_args(tmp_path / "run"), capsys)
     one_line_error(rc, err, "/srv/shared/run/log.jsonl: Permission denied", command="train")
 

@@ -38,7 +38,7 @@ from robustbench_nacl.io import sha256_bytes
 from robustbench_nacl.models.checkpoint import MANIFEST, WEIGHTS
 from robustbench_nacl.models.encoders import create_encoder
 from robustbench_nacl.models.foreign import load_encoder
-from robustbench_nacl.train import train
+from robustbench_nacl.training import train
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -38,7 +38,7 @@ from robustbench_nacl.eval.probe import ProbeConfig, ProbedClassifier
 from robustbench_nacl.eval.sanity import noise_accuracy
 from robustbench_nacl.io import sha256_file
 from robustbench_nacl.models.foreign import load_encoder
-from robustbench_nacl.train import train
+from robustbench_nacl.training import train
 
 BENCH = sys.modules[
     "robustbench_nacl.eval.benchmark"

@@ -25,7 +25,7 @@ from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.sanity import FLAGS
 from robustbench_nacl.models.encoders import ENCODERS, Encoder
-from robustbench_nacl.train import TrainConfig, train
+from robustbench_nacl.training import TrainConfig, train
 
 # convnet_small of width 8 on digits 0-4: a checkpoint in a few seconds
 TINY = TrainConfig(

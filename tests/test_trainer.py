@@ -22,7 +22,7 @@ from robustbench_nacl import losses
 from robustbench_nacl.errors import NonFiniteLoss, UserError
 from robustbench_nacl.io import canonical_json, sha256_bytes, sha256_file
 from robustbench_nacl.models.checkpoint import load_state
-from robustbench_nacl.train import (
+from robustbench_nacl.training import (
     TrainConfig,
     TrainStep,
     build_model,
@@ -32,8 +32,8 @@ from robustbench_nacl.train import (
     train,
     training_config,
 )
-from robustbench_nacl.train import loop as train_loop
-from robustbench_nacl.train.manifest import NOT_TRAINING
+from robustbench_nacl.training import loop as train_loop
+from robustbench_nacl.training.manifest import NOT_TRAINING
 
 TINY = {
     "dataset": "digits:0-2",

@@ -12,7 +12,7 @@ from conftest import run_cli
 from robustbench_nacl import zoo
 from robustbench_nacl.cli import main
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.train import train
+from robustbench_nacl.training import train
 
 
 def test_shipped_zoos_validate_and_match_their_generators() -> None:

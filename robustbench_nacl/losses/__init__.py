@@ -1,13 +1,33 @@
-"""The contrastive-loss family: estimators, pure loss terms, objectives and named presets.
+"""The contrastive-loss family: estimators, pure loss terms, objectives, named presets, plugin losses.
 
 Modules import one way only: params -> estimators -> terms -> objectives -> presets (each may
 import the ones before it, never the ones after).
 """
 
 from .estimators import log_neg_mass, normalize, pair_loss, pair_loss_rows
-from .objectives import AGGREGATORS, OBJECTIVES, Objective, adversarial_view, contrastive_loss, encode, needs
+from .objectives import (
+    AGGREGATORS,
+    OBJECTIVES,
+    Objective,
+    adversarial_view,
+    contrastive_loss,
+    encode,
+    needs,
+    objective,
+    project,
+)
 from .params import ESTIMATORS, LossParams, Needs, parse_overrides
-from .presets import PRESETS, Preset, list_presets, resolve, validate
+from .presets import (
+    PRESETS,
+    VIEW_KEYS,
+    Preset,
+    apply_overrides,
+    list_presets,
+    register_pair_loss,
+    register_preset,
+    resolve,
+    validate,
+)
 from .terms import arcl_rows, mixnca_rows, nca_rows, robust_rows, supervised_rows, var_rows, w_hat
 
 __all__ = [
@@ -15,11 +35,13 @@ __all__ = [
     "ESTIMATORS",
     "OBJECTIVES",
     "PRESETS",
+    "VIEW_KEYS",
     "LossParams",
     "Needs",
     "Objective",
     "Preset",
     "adversarial_view",
+    "apply_overrides",
     "arcl_rows",
     "contrastive_loss",
     "encode",
@@ -29,9 +51,13 @@ __all__ = [
     "nca_rows",
     "needs",
     "normalize",
+    "objective",
     "pair_loss",
     "pair_loss_rows",
     "parse_overrides",
+    "project",
+    "register_pair_loss",
+    "register_preset",
     "resolve",
     "robust_rows",
     "supervised_rows",

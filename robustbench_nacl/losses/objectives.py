@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import UserError
 from ..models.encoders import bn_route
 from ..registry import Registry
 from .estimators import base_pair_similarities, clamp_fraction, normalize, pair_loss, upcast
@@ -46,6 +47,18 @@ def embed(model: nn.Module, x: Tensor) -> Tensor:
     bf16/fp16 outputs become float32 before the normalisation; float64 stays float64.
     """
     return normalize(upcast(model(x)))
+
+
+def project(model: nn.Module, xs: list[Tensor], fuse: bool = False) -> list[Tensor]:
+    """Projections of each input batch, upcast as in :func:`embed` but not normalised.
+
+    What a plugin pair loss receives (losses that standardise or whiten need the raw projections);
+    ``fuse`` as in :func:`encode`.
+    """
+    if fuse and len(xs) > 1:
+        z = upcast(model(torch.cat(xs, dim=0)))
+        return list(z.split([x.shape[0] for x in xs], dim=0))
+    return [upcast(model(x)) for x in xs]
 
 
 def encode(model: nn.Module, xs: list[Tensor], fuse: bool = False) -> list[Tensor]:
@@ -180,9 +193,14 @@ OBJECTIVES: Registry[Objective] = Registry("objective")
 def objective(
     name: str, *, needs: Callable[[LossParams], Needs], description: str
 ) -> Callable[[LossFn], LossFn]:
-    """Decorator: register ``fn(model, views, y, p, gen, fuse) -> (loss, stats)`` as objective ``name``."""
+    """Decorator: register ``fn(model, views, y, p, gen, fuse) -> (loss, stats)`` as objective ``name``.
+
+    A name already registered is a one-line ``UserError`` (a plugin must not replace a built-in).
+    """
 
     def deco(fn: LossFn) -> LossFn:
+        if name in OBJECTIVES:
+            raise UserError(f"objective {name!r} is already registered; choose another name")
         OBJECTIVES.add(name, Objective(needs=needs, loss=fn), description=description)
         return fn
 

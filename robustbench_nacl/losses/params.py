@@ -8,6 +8,7 @@ Formulas and defaults: docs/decisions.md, 'Loss formulas' and 'Loss presets'.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,10 +56,29 @@ class LossParams:
     w_hat_grad: bool = False  # let gradient flow through w_hat (default: a detached weight)
     arcl_form: str = "ntxent"  # "ntxent" | "algorithm1" (ArCL's Algorithm 1 as printed)
     mix_rho_mode: str = "from_partner"  # "from_partner" | "keep" (DACL as printed: rho keeps the anchor)
+    # a plugin loss's own parameters as sorted (name, value) pairs (a mapping is accepted and sorted);
+    # a tuple keeps the dataclass frozen and hashable (docs/decisions.md, 'Plugins')
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        extra = self.extra.items() if isinstance(self.extra, Mapping) else self.extra
+        object.__setattr__(self, "extra", tuple(sorted((str(k), v) for k, v in extra)))
+
+    def extra_params(self) -> dict[str, Any]:
+        """The plugin parameters as a dict (empty for every built-in preset)."""
+        return dict(self.extra)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every parameter (JSON-serialisable)."""
-        return dataclasses.asdict(self)
+        """Plain dict of every parameter (JSON-serialisable).
+
+        ``extra`` appears only when non-empty, so the built-in presets' dicts, and with them every
+        recorded configuration hash, are those written before plugins existed.
+        """
+        out = dataclasses.asdict(self)
+        del out["extra"]
+        if self.extra:
+            out["extra"] = self.extra_params()
+        return out
 
 
 @dataclass(frozen=True)
@@ -73,7 +93,9 @@ class Needs:
 # ============ --set k=v overrides ============
 
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a name"}
-_FIELDS = {f.name: f for f in dataclasses.fields(LossParams)}
+# the fields ``--set`` reaches directly; a plugin parameter is set by its own name (presets.resolve)
+_FIELDS = {f.name: f for f in dataclasses.fields(LossParams) if f.name != "extra"}
+FIELD_NAMES = tuple(_FIELDS)
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
@@ -95,11 +117,11 @@ def coerce_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, 
     for k, v in (overrides or {}).items():
         if k not in _FIELDS:
             raise UserError(f"unknown loss parameter {k!r}; valid parameters: {', '.join(_FIELDS)}")
-        changes[k] = _coerce(k, v, str(_FIELDS[k].type))
+        changes[k] = coerce_value(k, v, str(_FIELDS[k].type))
     return changes
 
 
-def _coerce(name: str, value: Any, t: str) -> Any:
+def coerce_value(name: str, value: Any, t: str) -> Any:
     """Convert a ``--set k=v`` string to the field's type (other values are type-checked as given)."""
     if not isinstance(value, str):
         return _check_type(name, value, t)

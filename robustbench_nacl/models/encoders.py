@@ -3,14 +3,14 @@
 Contract: an encoder is an ``nn.Module`` from images in [0,1] of shape (B, C, H, W) to features h of
 shape (B, feature_dim). Input normalisation lives inside it as the persistent buffers ``mean`` and
 ``std`` (shape (1, C, 1, 1)), so attacks, epsilon, clamping and mixing are all in pixel space and a
-checkpoint carries its own normalisation (docs/decisions.md, 'The attacked model'). The linear probe and every attack use
-this un-normalised h; the projection head is only for the contrastive loss.
+checkpoint carries its own normalisation (docs/decisions.md, 'The attacked model'). The linear probe
+and every attack use this un-normalised h; the projection head is only for the contrastive loss.
 
 The network proper sits under ``encoder.backbone``. The ResNets reproduce torchvision's parameter and
 buffer names exactly (``conv1.weight``, ``layer1.0.downsample.1.running_mean``, ...), so a torchvision
 state dict without ``fc.*`` loads into ``encoder.backbone`` with ``strict=True``.
 
-Dual BatchNorm (CLAE / AdvProp; docs/decisions.md, 'Adversarial positives'): with ``dual_bn=True`` every
+Dual BatchNorm (CLAE / AdvProp; docs/decisions.md, 'Robust term'): with ``dual_bn=True`` every
 BatchNorm becomes a :class:`DualBatchNorm` with a clean branch ``.main`` and an adversarial branch
 ``.aux`` (momentum 0.01). :func:`bn_route` temporarily switches all of them; the default route, and
 hence evaluation, is the clean branch. :func:`strip_dual_bn` exports the clean branch as a plain
@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import inspect
+import itertools
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -36,19 +39,24 @@ __all__ = [
     "ENCODERS",
     "HEADS",
     "ROUTES",
+    "TIMM_PREFIX",
     "BasicBlock",
     "Bottleneck",
     "ContrastiveModel",
     "DualBatchNorm",
     "Encoder",
     "ResNetBackbone",
+    "TimmEncoder",
     "bn_route",
+    "check_encoder",
     "convert_to_dual_bn",
     "create_encoder",
     "create_head",
     "encoder_names",
     "has_dual_bn",
     "head_names",
+    "meta_output_shape",
+    "register_encoder",
     "set_bn_route",
     "strip_dual_bn",
 ]
@@ -516,8 +524,322 @@ def mlp(
 
 
 def encoder_names() -> list[str]:
-    """Registered encoder names, in registration order."""
+    """Registered encoder names, in registration order (``timm:NAME`` encoders are not listed)."""
     return ENCODERS.names()
+
+
+# ============ encoders from plugins ============
+
+_ENCODER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_WRAPPER_ARGS = ("in_channels", "mean", "std", "input_shape")
+PluginFactory = Callable[..., nn.Module]
+
+
+def register_encoder(
+    name: str, *, description: str | None = None, input: str = "images"
+) -> Callable[[PluginFactory], PluginFactory]:
+    """Decorator: register ``factory(in_channels, **kwargs) -> nn.Module`` as the encoder ``name``.
+
+    The module maps normalised images (B, C, H, W) to features (B, d) and sets ``out_dim = d``. It
+    becomes ``Encoder.backbone``: the encoder puts the input normalisation in front of it, so
+    ``--encoder name`` trains, evaluates and reloads like a built-in one. The factory's keyword
+    arguments are its ``--encoder-kwargs``; one named ``input_shape`` also receives (C, H, W) when
+    known. ``input``: "images" or "flat" (the tests' fixture shapes). A name already registered is a
+    one-line ``UserError``.
+    """
+
+    def deco(factory: PluginFactory) -> PluginFactory:
+        if not isinstance(name, str) or not _ENCODER_NAME.fullmatch(name):
+            raise UserError(
+                f"encoder name {name!r}: use letters, digits and underscores, starting with a letter"
+            )
+        if name in ENCODERS:
+            raise UserError(f"encoder {name!r} is already registered; choose another name")
+        try:
+            inspect.signature(factory).bind(1)
+        except TypeError:
+            raise UserError(f"encoder {name!r}: its factory must take the number of channels first") from None
+        summary = description or _doc_line(factory) or f"encoder from {factory.__module__}"
+        module = getattr(factory, "__module__", None)
+        ENCODERS.add(name, _plugin_builder(name, factory), description=summary, input=input, module=module)
+        return factory
+
+    return deco
+
+
+def _plugin_builder(name: str, factory: PluginFactory) -> Callable[..., Encoder]:
+    """Wrap a plugin factory into the registry's calling convention (keyword-only, returns an Encoder)."""
+    own = list(inspect.signature(factory).parameters.values())[1:]  # the first one takes in_channels
+    takes_shape = any(p.name == "input_shape" for p in own)
+
+    def build(
+        *,
+        in_channels: int = 3,
+        mean: Sequence[float] = (0.5,),
+        std: Sequence[float] = (0.5,),
+        input_shape: tuple[int, int, int] | None = None,
+        **kwargs: Any,
+    ) -> Encoder:
+        backbone = factory(in_channels, **kwargs, **({"input_shape": input_shape} if takes_shape else {}))
+        dim = getattr(backbone, "out_dim", None) if isinstance(backbone, nn.Module) else None
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise UserError(
+                f"encoder {name!r}: its factory must return an nn.Module with out_dim (the feature size) set"
+            )
+        encoder = Encoder(backbone, dim, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape)
+        if input_shape is not None:
+            _check_feature_shape(name, encoder, input_shape)
+        return encoder
+
+    wrapper = [inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY, default=None) for a in _WRAPPER_ARGS]
+    kept = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind <= p.POSITIONAL_OR_KEYWORD else p
+        for p in own
+        if p.kind != p.VAR_POSITIONAL  # options are passed by name only
+    ]
+    params = wrapper + [p for p in kept if p.name not in _WRAPPER_ARGS]
+    params.sort(key=lambda p: p.kind == inspect.Parameter.VAR_KEYWORD)  # **kwargs must come last
+    build.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = factory.__doc__
+    return build
+
+
+def _check_feature_shape(name: str, encoder: Encoder, input_shape: tuple[int, int, int]) -> None:
+    """A plugin's features must be (B, out_dim); checked on the meta device, so nothing is computed."""
+    shape, _ = meta_output_shape(encoder.backbone, input_shape)
+    if shape is not None and shape != (2, encoder.feature_dim):
+        raise UserError(
+            f"encoder {name!r} returns features of shape {shape} for 2 images of shape {input_shape}; "
+            f"expected (2, {encoder.feature_dim}) (out_dim)"
+        )
+
+
+def _doc_line(obj: Any) -> str:
+    doc = (getattr(obj, "__doc__", None) or "").strip()
+    return doc.splitlines()[0].strip() if doc else ""
+
+
+def meta_output_shape(
+    module: nn.Module, input_shape: Sequence[int]
+) -> tuple[tuple[int, ...] | None, BaseException | None]:
+    """``(output shape, None)`` of ``module`` on 2 inputs of ``input_shape``, or ``(None, error)``.
+
+    Runs on the meta device (``torch.func.functional_call`` with meta copies of the parameters and
+    buffers): shapes are checked as on a real device, but no memory is used, nothing is computed,
+    the module's state and the random generators are untouched.
+    """
+    tensors = itertools.chain(module.named_parameters(), module.named_buffers())
+    state = {k: torch.empty_like(v, device="meta") for k, v in tensors}
+    dtype = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
+    x = torch.empty(2, *input_shape, device="meta", dtype=dtype)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = torch.func.functional_call(module, state, (x,))
+    except Exception as e:  # a shape the network cannot take (or an op without a meta kernel)
+        return None, e
+    return (tuple(out.shape), None) if isinstance(out, torch.Tensor) else (None, None)
+
+
+# ============ timm backbones ============
+
+TIMM_PREFIX = "timm:"
+#: timm.create_model arguments the encoder sets itself
+_TIMM_FIXED = ("num_classes", "in_chans", "pretrained", "pretrained_cfg_overlay", "features_only")
+TIMM_INSTALL = "pip install 'robustbench-nacl[timm]'"
+
+
+def _import_timm() -> Any:
+    """timm, imported on first use: it is an optional dependency."""
+    try:
+        import timm
+    except ImportError:
+        raise UserError(f"timm encoders need the timm package: {TIMM_INSTALL}") from None
+    return timm
+
+
+def _timm_builder(name: str) -> Callable[..., Encoder]:
+    """The factory of ``timm:MODEL``; an unknown model is a one-line error with the closest names."""
+    model_name = name[len(TIMM_PREFIX) :]
+    timm = _import_timm()
+    if not model_name or not timm.is_model(model_name):
+        close = difflib.get_close_matches(model_name, timm.list_models(), n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(TIMM_PREFIX + c) for c in close)}?)" if close else ""
+        raise UserError(f"unknown timm model {model_name!r}{hint}; timm.list_models() lists them")
+
+    def build(
+        *,
+        in_channels: int = 3,
+        mean: Sequence[float] = (0.5,),
+        std: Sequence[float] = (0.5,),
+        input_shape: tuple[int, int, int] | None = None,
+        **kwargs: Any,
+    ) -> Encoder:
+        fixed = sorted(set(kwargs) & set(_TIMM_FIXED))
+        if fixed:
+            raise UserError(
+                f"encoder {name!r} sets {', '.join(fixed)} itself (num_classes=0, in_chans=C, no download); "
+                f"load pretrained weights as a foreign checkpoint with --arch {name}"
+            )
+        try:
+            model = timm.create_model(
+                model_name, num_classes=0, in_chans=in_channels, pretrained=False, **kwargs
+            )
+        except TypeError as e:
+            raise UserError(f"encoder {name!r} does not take these options ({_first_line(e)})") from None
+        return TimmEncoder(model, name, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape)
+
+    build.__name__ = build.__qualname__ = model_name
+    return build
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class TimmEncoder(Encoder):
+    """A timm network as an Encoder: ``timm.create_model(NAME, num_classes=0, in_chans=C, pretrained=False)``.
+
+    ``backbone`` is the timm model itself, so a timm state dict loads into it under timm's own
+    names. The feature size is what the network returns (``head_hidden_size`` or ``num_features``),
+    measured on the meta device. An input size the network cannot take (8x8 digits are too small
+    for most) is a one-line ``UserError`` naming the smallest square size that works: checked at
+    construction when ``input_shape`` is known, otherwise when a forward fails (docs/decisions.md,
+    'timm backbones').
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        name: str,
+        *,
+        in_channels: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        input_shape: tuple[int, int, int] | None,
+    ) -> None:
+        self._reference = _reference_size(model)
+        shape, _ = meta_output_shape(model, (in_channels, self._reference, self._reference))
+        fallback = getattr(model, "head_hidden_size", None) or model.num_features
+        dim = shape[1] if shape is not None and len(shape) == 2 else fallback
+        super().__init__(model, dim, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape)
+        self.name = name
+        if input_shape is not None:
+            self.check_input_size(tuple(input_shape[1:]))
+
+    def check_input_size(self, hw: tuple[int, ...]) -> None:
+        """A one-line ``UserError`` when the network cannot take (H, W) inputs."""
+        shape, err = meta_output_shape(self.backbone, (self.in_channels, *hw))
+        message = self._size_message(hw, err) if shape is None else None
+        if message:
+            raise UserError(message)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return super().forward(x)
+        except (RuntimeError, AssertionError, ValueError) as e:
+            hw = tuple(x.shape[-2:])
+            if meta_output_shape(self.backbone, (self.in_channels, *hw))[0] is not None:
+                raise  # the size is fine: another problem, reported as it is
+            message = self._size_message(hw, e)
+            if message is None:
+                raise
+            raise UserError(message) from None
+
+    def _size_message(self, hw: tuple[int, ...], err: BaseException | None) -> str | None:
+        """Why (H, W) does not work and which sizes do; None when the meta probe cannot tell."""
+        c, ref = self.in_channels, self._reference
+        if meta_output_shape(self.backbone, (c, ref, ref))[0] is None:
+            return None  # the probe cannot run this network at all: no claim about sizes
+        limit = max(2 * ref, 2 * max(hw), 64)
+        smallest, at_least = _smallest_sizes(self.backbone, c, max(hw), limit)
+        cause = f" ({_first_line(err, 120)})" if err is not None else ""
+        head = f"encoder {self.name!r} cannot take {'x'.join(map(str, hw))} inputs{cause}"
+        if smallest is None:
+            return f"{head}; no square size up to {limit} works either"
+        larger = at_least not in (None, smallest)
+        tail = f" (the smallest from {max(hw)} up: {at_least}x{at_least})" if larger else ""
+        return f"{head}; the smallest square size it takes is {smallest}x{smallest}{tail}"
+
+    def classifier_keys(self, state: Mapping[str, Any]) -> list[str]:
+        """Keys of a timm state dict that belong to its classifier, which this backbone (num_classes=0) lacks.
+
+        The classifier's module names come from timm's ``pretrained_cfg["classifier"]``; dropping
+        these keys is to timm files what dropping ``fc.*`` is to torchvision ones.
+        """
+        names = getattr(self.backbone, "pretrained_cfg", {}).get("classifier") or ()
+        names = (names,) if isinstance(names, str) else tuple(names)
+        own = set(self.backbone.state_dict())
+        return [k for k in state if k not in own and any(k.startswith(n + ".") for n in names)]
+
+    def extra_repr(self) -> str:
+        return f"{self.name}, " + super().extra_repr()
+
+
+def _reference_size(model: nn.Module) -> int:
+    """A size the network was designed for (timm's default input size), to measure its output."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    size = cfg.get("input_size") or (3, 224, 224)
+    return int(max(size[1:]))
+
+
+def _smallest_sizes(module: nn.Module, c: int, at_least: int, limit: int) -> tuple[int | None, int | None]:
+    """(smallest square size that works, smallest one >= ``at_least``), trying sizes 1..limit upwards.
+
+    Sizes are not monotone (a ViT takes multiples of its patch size), so every size is tried; each
+    try is a meta-device forward (about 1 ms for a 12-block ViT).
+    """
+    smallest = None
+    for s in range(1, limit + 1):
+        if meta_output_shape(module, (c, s, s))[0] is None:
+            continue
+        smallest = smallest or s
+        if s >= at_least:
+            return smallest, s
+    return smallest, None
+
+
+def check_encoder(name: str) -> None:
+    """A one-line ``UserError`` unless ``name`` is a registered encoder or an available ``timm:MODEL``."""
+    _factory(name)
+
+
+def _factory(name: str) -> Callable[..., Encoder]:
+    if isinstance(name, str) and name.startswith(TIMM_PREFIX):
+        return _timm_builder(name)
+    try:
+        return ENCODERS.get(name)
+    except UserError as e:
+        raise UserError(f"{e}; or timm:MODEL for a timm backbone") from None
+
+
+def _check_input_shape(input_shape: Any, in_channels: int) -> tuple[int, int, int] | None:
+    if input_shape is None:
+        return None
+    try:
+        shape = tuple(int(s) for s in input_shape)
+    except (TypeError, ValueError):
+        raise UserError(f"input_shape must be (C, H, W), got {input_shape!r}") from None
+    if len(shape) != 3 or min(shape) < 1:
+        raise UserError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape!r}")
+    if shape[0] != in_channels:
+        raise UserError(f"input_shape {shape} has {shape[0]} channels but in_channels={in_channels}")
+    return shape  # type: ignore[return-value]
+
+
+def _check_options(name: str, factory: Callable[..., Encoder], kwargs: Mapping[str, Any]) -> None:
+    params = inspect.signature(factory).parameters
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # the factory passes options on (timm.create_model): it reports unknown ones itself
+    accepted = set(params) - set(_WRAPPER_ARGS)
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise UserError(
+            f"encoder {name!r} does not take option(s) {', '.join(unknown)}; "
+            f"it takes: {', '.join(sorted(accepted)) or 'none'}"
+        )
 
 
 def create_encoder(
@@ -530,39 +852,25 @@ def create_encoder(
     input_shape: tuple[int, int, int] | None = None,
     **kwargs: Any,
 ) -> Encoder:
-    """Build the registered encoder ``name``.
+    """Build the encoder ``name``: a registered one, or ``timm:MODEL`` (a timm network; timm is optional).
 
     Args:
-        name: one of :func:`encoder_names`.
+        name: one of :func:`encoder_names`, or ``timm:MODEL`` for any ``timm.list_models()`` name.
         in_channels: image channels C.
         mean, std: per-channel normalisation (length 1 is broadcast to C); stored as buffers.
         dual_bn: replace every BatchNorm with a :class:`DualBatchNorm` (clean ``main`` + adversarial ``aux``).
         input_shape: (C, H, W) of the images; required by "mlp", optional elsewhere; C must equal in_channels.
-        **kwargs: encoder options, e.g. ``width`` (ResNets, convnet_small) or ``hidden``/``depth`` (mlp).
+        **kwargs: encoder options, e.g. ``width`` (ResNets, convnet_small), ``hidden``/``depth`` (mlp),
+            or any ``timm.create_model`` option (``drop_path_rate``, ``img_size``, ...).
 
     Raises:
-        UserError: unknown name or option, inconsistent shapes or normalisation.
+        UserError: unknown name or option, inconsistent shapes or normalisation, an input size the
+            network cannot take, timm missing.
     """
-    factory = ENCODERS.get(name)
+    factory = _factory(name)
     in_channels = _check_positive_int(in_channels, "in_channels")
-    if input_shape is not None:
-        try:
-            input_shape = tuple(int(s) for s in input_shape)  # type: ignore[assignment]
-        except (TypeError, ValueError):
-            raise UserError(f"input_shape must be (C, H, W), got {input_shape!r}") from None
-        if len(input_shape) != 3 or min(input_shape) < 1:
-            raise UserError(f"input_shape must be (C, H, W) with positive sizes, got {input_shape!r}")
-        if input_shape[0] != in_channels:
-            raise UserError(
-                f"input_shape {input_shape} has {input_shape[0]} channels but in_channels={in_channels}"
-            )
-    accepted = set(inspect.signature(factory).parameters) - {"in_channels", "mean", "std", "input_shape"}
-    unknown = sorted(set(kwargs) - accepted)
-    if unknown:
-        raise UserError(
-            f"encoder {name!r} does not take option(s) {', '.join(unknown)}; "
-            f"it takes: {', '.join(sorted(accepted)) or 'none'}"
-        )
+    input_shape = _check_input_shape(input_shape, in_channels)
+    _check_options(name, factory, kwargs)
     encoder = factory(in_channels=in_channels, mean=mean, std=std, input_shape=input_shape, **kwargs)
     if dual_bn:
         convert_to_dual_bn(encoder)
