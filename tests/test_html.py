@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,17 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 INSTALL = "install them with `apt-get install -y chromium chromium-driver` and `pip install 'selenium>=4'`"
 WAIT_S = 10
+
+
+@pytest.fixture(scope="module")
+def site17(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The leaderboard of the seventeen demo-zoo lines (tests/data/leaderboard/families.py)."""
+    sys.path.insert(0, str(ROWS.parent))
+    import families
+
+    written = render_leaderboard(families.make_rows(), tmp_path_factory.mktemp("site17"))
+    records = json.loads(written["leaderboard.json"].read_text())["results"]
+    return {"index": written["index.html"], "records": records}
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +128,16 @@ def test_page_is_self_contained(site: dict[str, Any]) -> None:
     assert len(json.loads(block)["rows"]) == len(site["records"])
 
 
+def test_figures_come_before_the_table(site17: dict[str, Any]) -> None:
+    text = site17["index"].read_text()
+    assert (
+        0
+        < text.index('<section id="figures">')
+        < text.index('<ul class="legend">')
+        < text.index('<table id="lb">')
+    )
+
+
 def test_embed_json_cannot_close_the_script() -> None:
     evil = {"key_params": "</script><script>alert(1)</script><!-- & -->"}
     text = embed_json(evil)
@@ -189,7 +211,7 @@ def test_plots_load(page: Any) -> None:
     _wait(page, lambda d: d.execute_script("return document.body.dataset.imagesLoaded") == "3")
     assert page.execute_script("return [...document.images].every(i => i.complete && i.naturalWidth > 0)")
     widths = page.execute_script("return [...document.querySelectorAll('img.plot')].map(i => i.naturalWidth)")
-    assert widths == [1200, 900, 1100]
+    assert widths == [1500, 620, 1100]
 
 
 def test_provenance_expands_and_collapses(page: Any, site: dict[str, Any]) -> None:
@@ -239,3 +261,33 @@ def test_protocol_and_differs_columns_appear_only_when_needed(site: dict[str, An
     assert notes == {"n_examples 50", "n_examples 200"}
     prov = data["rows"][0]["provenance"]
     assert len(prov["recipe_id"]) == 16 and len(prov["protocol_id"]) == 16
+
+
+def test_seventeen_lines_fit_1400_pixels_below_the_figures(driver: Any, site17: dict[str, Any]) -> None:
+    driver.get(site17["index"].as_uri())
+    assert driver.execute_script("return window.outerWidth") == 1400
+    geometry = driver.execute_script(
+        "const d = document.documentElement, t = document.getElementById('lb').getBoundingClientRect();"
+        "return {page: d.scrollWidth, view: d.clientWidth, right: t.right, table: t.top + scrollY,"
+        " figures: document.getElementById('figures').getBoundingClientRect().top + scrollY,"
+        " cols: document.querySelectorAll('#lb thead th').length}"
+    )
+    assert geometry["page"] <= geometry["view"] and geometry["right"] <= geometry["view"]  # no column cut off
+    assert geometry["figures"] < geometry["table"]
+    assert len(_ids(driver)) == len(site17["records"]) == 17 * 4  # in-domain, transfer, two shifts
+    keys = [c["key"] for c in _page_data(site17["index"])["columns"]]
+    assert geometry["cols"] == len(keys) and {"rank_metric", "delta", "clean", "fgsm", "pgd"} <= set(keys)
+
+
+def test_intervals_and_the_comparison_show_under_their_values(driver: Any, site17: dict[str, Any]) -> None:
+    driver.get(site17["index"].as_uri())
+    rec = next(r for r in site17["records"] if r["setting"] == "in-domain" and r["loss"] == "random-init")
+    row = driver.find_element("css selector", f"tr.entry[data-id={rec['entry_id']}]")
+    clean = row.find_element("css selector", "td[data-col=clean]")
+    lo, hi = rec["clean_lo"], rec["clean_hi"]
+    assert clean.text.splitlines() == [f"{100 * rec['clean_mean']:.1f}", f"[{100 * lo:.1f}, {100 * hi:.1f}]"]
+    delta = row.find_element("css selector", "td[data-col=delta]").text.splitlines()
+    assert delta == [f"{100 * rec['vs_baseline_diff']:+.1f}", "p<0.001"]
+    base = next(r for r in site17["records"] if r["setting"] == "in-domain" and r["is_baseline"])
+    cell = driver.find_element("css selector", f"tr.entry[data-id={base['entry_id']}] td[data-col=delta]")
+    assert cell.text == "baseline"

@@ -22,15 +22,18 @@ import math
 import os
 import shutil
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from scipy import stats
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.rows import LegacyRowError, ResultRow, load_rows, stamp_ids
+from robustbench_nacl.eval.rows import LegacyRowError, ResultRow, load_rows, stamp_ids, write_row
 from robustbench_nacl.report.aggregate import aggregate
-from robustbench_nacl.report.leaderboard import main_leaderboard, render_leaderboard
+from robustbench_nacl.report.leaderboard import build_context, main_leaderboard, render_leaderboard
+from robustbench_nacl.report.markdown import render_markdown
 
 DATA = Path(__file__).parent / "data" / "leaderboard"
 ROWS = DATA / "rows"
@@ -38,10 +41,11 @@ GOLDEN = DATA / "golden"
 COMMAND = "robustbench-nacl leaderboard --rows tests/data/leaderboard/rows --out leaderboard"
 UPDATE = os.environ.get("ROBUSTBENCH_NACL_UPDATE_GOLDEN") == "1"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# (width, height) in pixels: figsize x dpi in leaderboard.FIGSIZE, one in-domain dataset
+# (width, height) in pixels (report.figures sizes x dpi): three tables (in-domain, transfer, shift) in
+# one row of panels, one in-domain table
 PNG_SIZES = {
-    "standard_vs_robust.png": (1200, 450),
-    "robust_vs_eps.png": (900, 450),
+    "standard_vs_robust.png": (1500, 585),
+    "robust_vs_eps.png": (620, 460),
     "ablation_M.png": (1100, 400),
 }
 
@@ -100,7 +104,7 @@ def test_output_does_not_depend_on_row_order(rendered: dict[str, Path], tmp_path
 # ============ numbers ============
 
 
-def test_mean_and_std_over_seeds_by_hand(results: list[dict[str, str]], rendered: dict[str, Path]) -> None:
+def test_mean_std_and_intervals_by_hand(results: list[dict[str, str]], rendered: dict[str, Path]) -> None:
     # simclr seeds: clean 0.93 / 0.95, FGSM@0.002 0.41 / 0.45 -> sample std sqrt(2 * 0.01**2 / 1)
     rec = _find(results, "in-domain", "simclr")
     assert rec["n_seeds"] == "2" and rec["clean_n"] == "2"
@@ -108,23 +112,38 @@ def test_mean_and_std_over_seeds_by_hand(results: list[dict[str, str]], rendered
     assert float(rec["clean_std"]) == pytest.approx(math.sqrt(2 * 0.01**2), abs=1e-6)
     assert float(rec["fgsm_Linf_0.002_mean"]) == pytest.approx(0.43)
     assert float(rec["fgsm_Linf_0.002_std"]) == pytest.approx(math.sqrt(2 * 0.02**2), abs=1e-6)
+    # two seeds: a t-interval over seeds (scipy's), clipped to [0, 1]
+    lo, hi = stats.t.interval(0.95, 1, loc=0.43, scale=stats.sem([0.41, 0.45]))
+    assert rec["fgsm_Linf_0.002_interval"] == "t"
+    assert (float(rec["fgsm_Linf_0.002_lo"]), float(rec["fgsm_Linf_0.002_hi"])) == pytest.approx(
+        (lo, hi), abs=1e-6
+    )
+    assert float(rec["clean_hi"]) == 1.0  # 0.94 + 12.7 * 0.01 lies above 1
     md = rendered["LEADERBOARD.md"].read_text()
-    assert "94.00 ± 1.41" in md and "43.00 ± 2.83" in md
-    # one seed: no spread to report, and the table says so instead of printing 0.00
+    assert f"43.0 [{100 * lo:.1f}, {100 * hi:.1f}]" in md and "94.0 [81.3, 100.0]" in md
+    # one seed: no spread, and a Wilson interval over the 200 test examples (scipy's), labelled as such
     single = _find(results, "in-domain", "random-init")
-    assert single["n_seeds"] == "1" and single["clean_std"] == ""
-    assert "90.00 ± –" in md
+    assert single["n_seeds"] == "1" and single["clean_std"] == "" and single["clean_interval"] == "wilson"
+    ci = stats.binomtest(180, 200).proportion_ci(confidence_level=0.95, method="wilson")
+    assert (float(single["clean_lo"]), float(single["clean_hi"])) == pytest.approx(
+        (ci.low, ci.high), abs=1e-6
+    )
+    assert f"90.0 [{100 * ci.low:.1f}, {100 * ci.high:.1f}]" in md
+    assert "Wilson over the 200 test examples where n = 1" in md
 
 
-def test_ranking_by_fgsm_then_clean(results: list[dict[str, str]]) -> None:
+def test_ranking_by_the_worst_case_at_the_largest_eps_then_clean(results: list[dict[str, str]]) -> None:
     def order(setting: str) -> list[str]:
         recs = sorted((r for r in results if r["setting"] == setting), key=lambda r: int(r["rank"]))
         return [r["loss"] + ("" if "M=" not in r["key_params"] else " M=" + r["key_params"][8]) for r in recs]
 
-    # in-domain FGSM@0.002: 60.0, 50.0, 47.0, 43.0, 12.0
+    # in-domain: the fixture has worst-case rows at 0.002 only: 58.0, 46.0, 44.0, 39.0, 8.0
     assert order("in-domain") == ["intnacl M=5", "nca M=5", "nca M=2", "simclr", "random-init"]
-    # transfer: both nca recipes reach 40.00; the higher clean accuracy (M=5: 91.0 vs 90.5) ranks first
+    assert {r["rank_by"] for r in results if r["setting"] == "in-domain"} == {"worst_case_Linf_0.002"}
+    # transfer has no worst-case rows: FGSM at its largest eps; both nca recipes reach 40.00 and the
+    # higher clean accuracy (M=5: 91.0 vs 90.5) ranks first
     assert order("transfer") == ["intnacl M=5", "nca M=5", "nca M=2", "simclr", "random-init"]
+    assert {r["rank_by"] for r in results if r["setting"] == "transfer"} == {"fgsm_Linf_0.002"}
     assert [int(r["rank"]) for r in results if r["setting"] == "in-domain"] == [1, 2, 3, 4, 5]
 
 
@@ -251,17 +270,14 @@ def test_rows_of_another_protocol_are_ranked_in_their_own_table(
     (small,) = [t for t in tables if differs in t.splitlines()[0]]
     (full,) = [t for t in tables if t is not small]
     assert "Not ranked with the other digits:0-4 tables" in small and "protocol:" in full.splitlines()[0]
-    body = [ln for ln in small.splitlines() if ln.startswith("|") and "simclr" in ln]
+    body = [ln for ln in small.splitlines() if ln.startswith("|") and "| simclr" in ln]
     cells = [c.strip() for c in body[0].split("|")]
-    assert (
-        len(body) == 1
-        and cells[1:3] == ["1", "simclr"]
-        and cells[5] == "93.00 ± –"
-        and cells[6] == "0.00 ± –"
-    )
+    assert len(body) == 1 and cells[1:3] == ["1", "simclr"] and cells[4] == "1"
+    assert cells[5].startswith("93.0 [") and cells[6].startswith("0.0 [")  # clean, worst case: one seed
     assert len([ln for ln in small.splitlines() if ln.startswith("|")]) == 3  # header, rule, simclr alone
-    # the original table is untouched: both seeds, FGSM 43.00 ± 2.83
-    assert "43.00 ± 2.83" in full and "| intnacl" in full
+    # the original table is untouched: both seeds, FGSM 43.0 over two seeds
+    assert "43.0 [17.6, 68.4]" in full
+    assert "| intnacl" in full
     assert "- **Protocols**" in md
 
 
@@ -357,3 +373,133 @@ def test_a_row_whose_identity_was_edited_is_refused() -> None:
     recipe = json.loads(json.dumps(rows[0].recipe)) | {"kind": "edited"}
     with pytest.raises(UserError, match=r"recipe_id .* does not match its fields"):
         render_leaderboard([{**rows[0].to_json(), "recipe": recipe}], "/nonexistent/never-written")
+
+
+# ============ ranking by robustness, not clean accuracy (17 lines: data/leaderboard/families.py) ============
+
+
+def _families() -> list[dict[str, Any]]:
+    sys.path.insert(0, str(DATA))
+    import families
+
+    return families.make_rows()
+
+
+def _order_by(rows: list[dict[str, Any]], attack: str, eps: float) -> list[str]:
+    """In-domain recipes by mean accuracy on one metric (ties by mean clean), computed from the raw rows."""
+    acc: dict[str, list[float]] = {}
+    clean: dict[str, list[float]] = {}
+    for r in rows:
+        if r["setting"] == "in-domain" and r["attack"] == attack and r["eps"] == eps:
+            acc.setdefault(r["loss"], []).append(r["robust_acc"])
+            clean.setdefault(r["loss"], []).append(r["clean_acc"])
+    mean = {k: sum(v) / len(v) for k, v in acc.items()}
+    mean_clean = {k: sum(v) / len(v) for k, v in clean.items()}
+    return sorted(mean, key=lambda k: (-round(mean[k], 9), -round(mean_clean[k], 9), k))
+
+
+def _md(rows: list[Any], **kw: Any) -> str:
+    """LEADERBOARD.md alone (no figures: the 17-family renders are the slow part)."""
+    ctx, dropped = build_context(rows, **kw)
+    return render_markdown(ctx, title="t", command=None, dropped=dropped, figures={}, skipped={})
+
+
+def _in_domain_order(md: str) -> list[str]:
+    (table,) = _tables(md, "In-domain: probe on digits:0-4")
+    body = [ln for ln in table.splitlines() if ln.startswith("|")][2:]
+    return [ln.split("|")[2].strip().replace("random-init (control)", "random-init") for ln in body]
+
+
+def test_the_default_ranking_is_the_worst_case_at_the_largest_eps(tmp_path: Path) -> None:
+    rows = _families()
+    md = render_leaderboard(rows, tmp_path)["LEADERBOARD.md"].read_text()
+    worst = _order_by(rows, "worst_case", 0.032)
+    assert _in_domain_order(md) == worst
+    assert worst != _order_by(rows, "fgsm", 0.002)  # the old headline ranking is a different one
+    assert worst[-1] == "random-init"  # robust accuracy separates the control; clean accuracy does not
+    assert "## In-domain: probe on digits:0-4, ranked by worst case@0.032 (8.16/255)" in md
+    header = next(ln for ln in md.splitlines() if ln.startswith("|   rank"))
+    assert "worst case@0.032 (8.16/255) ▼" in header and "marked ▼ (here worst case@0.032 (8.16/255);" in md
+
+
+def test_rank_by_picks_another_column() -> None:
+    rows = _families()
+    text = _md(rows, rank_by="fgsm@0.002")
+    # equal example counts tie (and clean accuracy decides) whatever the float sums' last bits
+    assert _in_domain_order(text) == _order_by(rows, "fgsm", 0.002)
+    assert "ranked by FGSM@0.002 (0.51/255)" in text and "chosen with `--rank-by fgsm@0.002`" in text
+    assert "ranked by FGSM@0.032 (8.16/255)" in _md(rows, rank_by="fgsm@8.16/255")
+    clean = _md(rows, rank_by="clean")
+    assert "ranked by clean" in clean and _in_domain_order(clean)[0] == "nca"
+
+
+@pytest.mark.parametrize(
+    ("rank_by", "message"),
+    [
+        ("fgsm@", r"--rank-by 'fgsm@': expected clean or ATTACK@EPS"),
+        ("fgsm@big", r"--rank-by 'fgsm@big': ε must be a number, k/255 or max"),
+        ("pgd@0.032", r"--rank-by pgd@0.032: no table measured it; measured: clean, fgsm@0.002, .*pgd@0.002"),
+    ],
+)
+def test_a_bad_rank_by_is_one_line_user_error(rank_by: str, message: str) -> None:
+    with pytest.raises(UserError, match=message) as err:
+        render_leaderboard(_rows(), "/nonexistent/never-written", rank_by=rank_by)
+    assert "\n" not in str(err.value)
+
+
+def test_a_rank_by_some_tables_lack_falls_back_and_says_so() -> None:
+    md = _md(_rows(), rank_by="worst_case@0.002")
+    (transfer,) = _tables(md, "Transfer: probe on digits:5-9")
+    assert "ranked by FGSM@0.002 (0.51/255)" in transfer.splitlines()[0]
+    assert "`--rank-by worst_case@0.002` was not measured in this table; ranked by FGSM@0.002" in transfer
+
+
+def test_the_leaderboard_says_what_its_differences_can_and_cannot_show(rendered: dict[str, Path]) -> None:
+    md = rendered["LEADERBOARD.md"].read_text()
+    item = next(
+        ln for ln in md.splitlines() if ln.startswith("- **What the differences can and cannot show**")
+    )
+    assert "first 200 test examples (one example = 0.50 points)" in item and "cannot show" in item
+    assert "not the variation between training runs" in item  # some recipes have a single seed
+    assert "What the differences can and cannot show" in rendered["index.html"].read_text()
+
+
+# ============ your rows beside the reference rows ============
+
+
+def _write(rows: list[Any], out: Path) -> Path:
+    for r in rows:
+        write_row(out, ResultRow.from_json(r))
+    return out
+
+
+def test_your_rows_are_ranked_beside_the_reference_only_under_its_protocol(tmp_path: Path) -> None:
+    ref_rows = [r for r in _families() if r["setting"] != "shift"]
+    ref = _write(ref_rows, tmp_path / "reference")
+    # "mine": a 20-epoch simclr under the reference protocol, and the same checkpoint on 50 examples
+    mine_rows = []
+    for r in ref_rows:
+        if r["loss"] == "simclr" and r["train_seed"] == 0 and r["setting"] in ("in-domain", "transfer"):
+            recipe = json.loads(json.dumps(r["recipe"]))
+            recipe["config"]["epochs"] = 20
+            same = stamp_ids({**r, "recipe": recipe, "checkpoint_sha256": "f" * 64, "checkpoint_id": "mine"})
+            mine_rows.append(same)
+            if r["setting"] == "in-domain":
+                mine_rows.append(stamp_ids({**same, "n_examples": 50}))
+    mine = _write(mine_rows, tmp_path / "mine")
+    said: list[str] = []
+    written = main_leaderboard([mine, ref], tmp_path / "board", notify=said.append)
+    md = written["LEADERBOARD.md"].read_text()
+    (notice,) = said
+    assert "\n" not in notice and notice.startswith(
+        f"left out 11 of {len(mine_rows)} rows of {mine} (in-domain"
+    )
+    assert "n_examples 50 vs 180" in notice and f"reference rows of {ref}" in notice
+    assert f"- **Left out**: {notice}" in md
+    # the matching rows are ranked in the reference's tables; the mismatched ones in none
+    assert len(_tables(md, "In-domain: probe on digits:0-4")) == 1
+    assert len([ln for ln in _in_domain_order(md) if ln == "simclr"]) == 2  # the reference's and mine
+    assert json.loads(written["leaderboard.json"].read_text())["left_out"] == [notice]
+    # one directory: nothing is left out, a second protocol gets its own table as before
+    alone = main_leaderboard([mine], tmp_path / "alone")["LEADERBOARD.md"].read_text()
+    assert len(_tables(alone, "In-domain: probe on digits:0-4")) == 2 and "Left out" not in alone

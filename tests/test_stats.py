@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from robustbench_nacl.report.aggregate import Stat
 from robustbench_nacl.report.stats import (
     discordant,
     holm,
@@ -93,3 +94,18 @@ def test_holm_textbook_example() -> None:
 def test_discordant_rejects_mismatched_examples() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         discordant(np.ones(3, bool), np.ones(4, bool))
+
+
+def test_leaderboard_cells_carry_scipys_intervals() -> None:
+    # several seeds: Student-t over the seeds; one seed: Wilson over its test examples; clipped to [0, 1]
+    seeds = [0.71, 0.74, 0.69]
+    s = Stat.of(seeds, n_examples=180)
+    lo, hi = stats.t.interval(0.95, 2, loc=np.mean(seeds), scale=stats.sem(seeds))
+    assert s.interval == "t" and (s.lo, s.hi) == pytest.approx((lo, hi), abs=1e-12) and s.n == 3
+    one = Stat.of([171 / 180], n_examples=180)
+    ci = stats.binomtest(171, 180).proportion_ci(confidence_level=0.95, method="wilson")
+    assert one.interval == "wilson" and (one.lo, one.hi) == pytest.approx((ci.low, ci.high), abs=1e-12)
+    assert one.std is None
+    wide = Stat.of([0.99, 0.97])  # 0.98 + 12.7 * 0.01 > 1
+    assert wide.hi == 1.0 and wide.lo == pytest.approx(0.98 - stats.t.ppf(0.975, 1) * 0.01)
+    assert Stat.of([0.5]).interval == "" and Stat.of([]).mean is None  # no example count, nothing measured

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..eval.rows import KEY_PARAMS, SETTINGS, ResultRow, eps_label
+from .stats import t_interval, wilson_interval
 
 HEADLINE_EPS = 0.002
 CONTROL_LABEL = "random-init (control)"
@@ -70,18 +71,35 @@ class Recipe:
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and sample std (None for a single run) of one metric over runs."""
+    """Mean, sample std (None for a single run) and 95 % interval of one metric over runs.
+
+    ``interval``: ``"t"`` (Student-t over seeds, n >= 2), ``"wilson"`` (Wilson score over the test
+    examples, one seed) or ``""`` (none). Bounds are clipped to [0, 1], where accuracy lives (see
+    docs/decisions.md, 'Leaderboard intervals').
+    """
 
     mean: float | None
     std: float | None
     n: int
+    lo: float | None = None
+    hi: float | None = None
+    interval: str = ""
 
     @staticmethod
-    def of(values: Iterable[float]) -> Stat:
+    def of(values: Iterable[float], n_examples: int = 0) -> Stat:
+        """The statistics of per-run accuracies measured on ``n_examples`` test examples each."""
         v = np.asarray(list(values), dtype=float)
         if v.size == 0:
             return Stat(None, None, 0)
-        return Stat(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else None, int(v.size))
+        mean = float(v.mean())
+        if v.size > 1:
+            (lo, hi), kind = t_interval(v), "t"
+        elif n_examples > 0:
+            (lo, hi), kind = wilson_interval(round(mean * n_examples), n_examples), "wilson"
+        else:
+            return Stat(mean, None, 1)
+        std = float(v.std(ddof=1)) if v.size > 1 else None
+        return Stat(mean, std, int(v.size), max(0.0, lo), min(1.0, hi), kind)
 
 
 def _short_hash(obj: Any, n: int = 10) -> str:
@@ -98,6 +116,9 @@ class Entry:
     rows: list[ResultRow]
     stats: dict[str, Stat]
     runs: list[Run]
+    # metric -> run -> accuracy, and -> run -> per-example outcomes (base64, see eval.benchmark)
+    values: dict[str, dict[Run, float]] = field(default_factory=dict)
+    bits: dict[str, dict[Run, str]] = field(default_factory=dict)
     rank: int = 0
     uid: str = field(init=False)
 
@@ -121,7 +142,12 @@ class Entry:
     def context(self) -> str:
         """The protocol without its dataset and setting: entries of one context can share a table
         row (the in-domain table's transfer columns, the shift table's variants)."""
-        return _short_hash({k: v for k, v in self.protocol.items() if k not in ("dataset", "setting")})
+        return protocol_context(self.protocol)
+
+    @property
+    def n_examples(self) -> int:
+        """The number of test examples every run of this entry was measured on."""
+        return min((n_examples(r) for r in self.rows), default=0)
 
     def stat(self, name: str) -> Stat:
         return self.stats.get(name, Stat(None, None, 0))
@@ -155,8 +181,22 @@ def validate_rows(rows: Sequence[Mapping[str, Any]], source: Any = None) -> list
     return [ResultRow.from_json(r, source=source) for r in rows]
 
 
-def _run(r: ResultRow) -> Run:
-    return (r.checkpoint_sha256, r.seed, r.probe_config.get("seed"))
+def run_of(r: Mapping[str, Any]) -> Run:
+    """The run a row belongs to: (checkpoint sha256, evaluation seed, probe seed)."""
+    return (r["checkpoint_sha256"], r["seed"], r["probe_config"].get("seed"))
+
+
+def protocol_context(protocol: Mapping[str, Any]) -> str:
+    """A hash of the protocol without its dataset and setting."""
+    return _short_hash({k: v for k, v in protocol.items() if k not in ("dataset", "setting")})
+
+
+def table_key(r: ResultRow) -> tuple[str, str, str]:
+    """(setting, dataset, protocol) of the table a row is ranked in: shift variants of one
+    protocol context share a table, under the dataset they are made from."""
+    if r.setting == "shift":
+        return (r.setting, r.dataset.split("@", 1)[0], protocol_context(r.protocol))
+    return (r.setting, r.dataset, r.protocol_id)
 
 
 def n_examples(r: Mapping[str, Any]) -> int:
@@ -196,22 +236,28 @@ def _dedupe(grp: list[ResultRow]) -> tuple[list[ResultRow], int]:
     seen: set[tuple[Run, MetricKey]] = set()
     kept = []
     for r in grp:
-        key = (_run(r), metric_key(r))
+        key = (run_of(r), metric_key(r))
         if key not in seen:
             seen.add(key)
             kept.append(r)
-    kept.sort(key=lambda r: (r.checkpoint_id, str(r.seed), str(_run(r)[2]), metric_key(r)))
+    kept.sort(key=lambda r: (r.checkpoint_id, str(r.seed), str(run_of(r)[2]), metric_key(r)))
     return kept, len(grp) - len(kept)
 
 
 def _entry(recipe: Recipe, pid: str, rows: list[ResultRow]) -> Entry:
     values: dict[str, dict[Run, float]] = defaultdict(dict)
+    bits: dict[str, dict[Run, str]] = defaultdict(dict)
     for r in rows:
-        values[metric_name(*metric_key(r))][_run(r)] = r.robust_acc
-        values["clean"].setdefault(_run(r), r.clean_acc)
+        name, run = metric_name(*metric_key(r)), run_of(r)
+        values[name][run] = r.robust_acc
+        values["clean"].setdefault(run, r.clean_acc)
+        for metric, key in ((name, "robust_bits"), ("clean", "clean_bits")):
+            if isinstance(r.get(key), str):
+                bits[metric].setdefault(run, r[key])
     runs = sorted(values["clean"], key=str)
-    stats = {name: Stat.of(v[run] for run in runs if run in v) for name, v in values.items()}
-    return Entry(recipe, pid, rows[0].protocol, rows, stats, runs)
+    n = min(n_examples(r) for r in rows)
+    stats = {name: Stat.of((v[run] for run in runs if run in v), n) for name, v in values.items()}
+    return Entry(recipe, pid, rows[0].protocol, rows, stats, runs, dict(values), dict(bits))
 
 
 # ============ what differs between recipes of one family ============
@@ -281,12 +327,18 @@ class Table:
     key: str
     entries: list[Entry]
     note: str = ""  # how this table's protocol differs from the others of the same dataset
+    rank_metric: str = "clean"  # the metric this table is ranked by (see .ranking)
+    rank_label: str = "clean"
+    rank_note: str = ""  # why the table is not ranked by the metric asked for
+
+    @property
+    def metric_keys(self) -> set[MetricKey]:
+        """Every (attack, norm, eps) measured in this table."""
+        return {metric_key(r) for e in self.entries for r in e.rows}
 
 
 def _table_of(e: Entry) -> tuple[str, str, str]:
-    if e.setting == "shift":
-        return (e.setting, e.dataset.split("@", 1)[0], e.context)
-    return (e.setting, e.dataset, e.protocol_id)
+    return table_key(e.rows[0])
 
 
 def build_tables(entries: list[Entry]) -> list[Table]:
@@ -326,42 +378,44 @@ def protocol_notes(tables: list[list[Entry]]) -> list[str]:
     return ["; ".join(f"{names[p]} {v.get(p, MISSING)}" for p in varying) for v in views]
 
 
-def rank_entries(entries: list[Entry], headline_eps: float) -> None:
-    """Rank entries 1..n within each protocol by FGSM at the headline eps, ties by clean accuracy."""
-    by_protocol: dict[str, list[Entry]] = defaultdict(list)
-    for e in entries:
-        by_protocol[e.protocol_id].append(e)
-    key = rank_key(metric_name("fgsm", "Linf", headline_eps))
-    for group in by_protocol.values():
-        for i, e in enumerate(sorted(group, key=key), 1):
-            e.rank = i
-
-
-def rank_key(fgsm: str) -> Callable[[Entry], tuple]:
-    """Robust accuracy first, clean accuracy breaks ties, the label keeps the order total."""
-
-    def key(e: Entry) -> tuple:
-        f, c = e.stat(fgsm).mean, e.stat("clean").mean
-        return (f is None, -(f or 0.0), c is None, -(c or 0.0), e.recipe.label(), e.recipe.recipe_id)
-
-    return key
-
-
 # ============ formatting helpers shared by the renderers ============
 
 
+def pct(x: float | None) -> str:
+    """A fraction as a percentage with one decimal (``–`` when absent)."""
+    return MISSING if x is None else f"{100 * x:.1f}"
+
+
+def fmt_interval(s: Stat) -> str:
+    """The 95 % interval in percent, ``[69.1, 73.5]``; empty when there is none."""
+    return "" if s.lo is None or s.hi is None else f"[{pct(s.lo)}, {pct(s.hi)}]"
+
+
 def fmt_stat(s: Stat) -> str:
-    """Percent with seed spread: ``95.83 ± 0.41``; ``95.83 ± –`` for one run; ``–`` when absent."""
+    """Percent with its 95 % interval: ``71.3 [69.1, 73.5]``; the mean alone without one; ``–`` absent."""
     if s.mean is None:
         return MISSING
-    spread = MISSING if s.std is None else f"{100 * s.std:.2f}"
-    return f"{100 * s.mean:.2f} ± {spread}"
+    ci = fmt_interval(s)
+    return f"{pct(s.mean)} {ci}" if ci else pct(s.mean)
 
 
 def fmt_with_n(s: Stat, n_runs: int) -> str:
     """``fmt_stat``, plus ``(n=k)`` when the metric was measured on fewer runs than the recipe has."""
     text = fmt_stat(s)
     return f"{text} (n={s.n})" if s.mean is not None and s.n != n_runs else text
+
+
+ATTACK_NAMES = {"fgsm": "FGSM", "pgd": "PGD", "worst_case": "worst case", "autoattack": "AutoAttack"}
+
+
+def metric_label(name: str, keys: Iterable[MetricKey] = ()) -> str:
+    """Display name of a metric name (``clean`` or an ``attack_norm_eps`` stem among ``keys``),
+    e.g. ``worst case@0.032 (8.16/255)``; an L2 metric names its norm."""
+    for attack, norm, eps in keys:
+        if metric_name(attack, norm, eps) == name:
+            what = ATTACK_NAMES.get(attack, attack) + ("" if norm == "Linf" else f" {norm}")
+            return f"{what}@{eps:g}" + (f" ({eps_label(eps)})" if norm == "Linf" else "")
+    return name
 
 
 def distinct(values: Iterable[Any]) -> list[Any]:
@@ -405,6 +459,14 @@ class Context:
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # sanity footnotes, numbered across the document
     note_of: dict[str, int] = field(default_factory=dict)
+    # entry uid -> its comparison with the table's baseline (.compare.Comparison); table key ->
+    # the baseline's label; what the comparisons could not do
+    comparisons: dict[str, Any] = field(default_factory=dict)
+    baselines: dict[str, str] = field(default_factory=dict)
+    baseline_family: str | None = None
+    compare_notes: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # rows of other directories left out, and why
+    rank_by: str | None = None  # the --rank-by asked for (None: the default)
 
     @staticmethod
     def build(rows: list[ResultRow], entries: list[Entry], headline_eps: float) -> Context:
@@ -427,26 +489,16 @@ class Context:
         return metric_name("pgd", "Linf", self.headline_eps)
 
     @property
-    def strong_eps(self) -> float | None:
-        """The largest FGSM L∞ eps in the rows, when above the headline: a column that separates
-        recipes where the headline budget barely moves accuracy (e.g. 0.51/255 on 8x8 digits)."""
-        eps = [float(r["eps"]) for r in self.rows if r["attack"] == "fgsm" and r["norm"] == "Linf"]
-        top = max(eps, default=None)
-        return top if top is not None and top > self.headline_eps else None
-
-    @property
-    def strong_cols(self) -> list[tuple[str, str]]:
-        """(header, metric) of the strong-eps column, if any."""
-        e = self.strong_eps
-        return [] if e is None else [(f"FGSM@{e:g} ({eps_label(e)})", metric_name("fgsm", "Linf", e))]
-
-    @property
     def eps_text(self) -> str:
         """The headline eps in both units, e.g. ``0.002 (0.51/255)``."""
         return f"{self.headline_eps:g} ({eps_label(self.headline_eps)})"
 
     def label(self, recipe: Recipe) -> str:
         return recipe.label(encoder=self.show_encoder, dataset=self.show_dataset)
+
+    def table_of(self, e: Entry) -> Table:
+        """The table an entry is ranked in."""
+        return next(t for t in self.tables if any(x is e for x in t.entries))
 
     def partner(self, e: Entry, setting: str, dataset: str) -> Entry | None:
         """The entry of the same recipe and protocol context in another setting/dataset, if any."""

@@ -46,12 +46,35 @@ def records(ctx: Context) -> list[dict[str, Any]]:
         for name in metrics:
             s = e.stat(name)
             rec |= {f"{name}_mean": _round(s.mean), f"{name}_std": _round(s.std), f"{name}_n": s.n}
+            rec |= {f"{name}_lo": _round(s.lo), f"{name}_hi": _round(s.hi), f"{name}_interval": s.interval}
+        rec |= _ranking_fields(ctx, e)
         fails = e.failures()
         rec["sanity_ok"] = not fails
         rec["sanity_failed"] = ",".join(distinct(c for _, checks in fails for c in checks))
         rec |= {"recipe_id": e.recipe.recipe_id, "protocol_id": e.protocol_id, "entry_id": e.uid}
         out.append(rec)
     return out
+
+
+def _ranking_fields(ctx: Context, e: Entry) -> dict[str, Any]:
+    """The entry's ranking metric and its comparison with the table's baseline (None where none)."""
+    table = ctx.table_of(e)
+    c = ctx.comparisons.get(e.uid)
+    is_base = ctx.baselines.get(table.key) == e.uid
+    rec: dict[str, Any] = {"rank_by": table.rank_metric, "rank_by_label": table.rank_label}
+    rec["baseline"] = ctx.baseline_family if table.key in ctx.baselines else None
+    rec["is_baseline"] = is_base
+    for k in ("diff", "lo", "hi"):
+        rec[f"vs_baseline_{k}"] = _round(getattr(c, k)) if c else None
+    rec |= {f"vs_baseline_{k}": getattr(c, k) if c else None for k in ("interval", "b", "c", "n_pairs")}
+    rec |= {f"vs_baseline_{k}": _round_p(getattr(c, k)) if c else None for k in ("p", "p_holm")}
+    rec["vs_baseline_pairing"] = c.pairing if c else None
+    return rec
+
+
+def _round_p(p: float | None) -> float | None:
+    # p-values keep their magnitude (a fixed 6 decimals would turn 3e-9 into 0)
+    return None if p is None else float(f"{p:.6g}")
 
 
 def _round(x: float | None) -> float | None:
@@ -70,7 +93,7 @@ def to_csv(table: Sequence[Mapping[str, Any]], columns: list[str]) -> bytes:
 
 def _cell(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.6f}"
+        return f"{v:.6f}" if v == 0 or abs(v) >= 1e-4 else f"{v:.6g}"
     if isinstance(v, (dict, list)):
         return json.dumps(v, sort_keys=True)
     return str(v)
@@ -145,6 +168,11 @@ def leaderboard_json(
         "command": command,
         "headline_eps": ctx.headline_eps,
         "headline_eps_label": eps_label(ctx.headline_eps),
+        "rank_by": ctx.rank_by,
+        "rank_metrics": {t.key: t.rank_metric for t in ctx.tables},
+        "baseline": ctx.baseline_family,
+        "comparison_notes": ctx.compare_notes,
+        "left_out": ctx.left_out,
         "n_rows": len(ctx.rows),
         "duplicates_ignored": dropped,
         "provenance": prov,

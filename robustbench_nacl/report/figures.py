@@ -1,7 +1,13 @@
-"""The NaCl figures as PNG bytes (matplotlib on an Agg canvas: no display, no global pyplot state).
+"""The leaderboard figures as PNG bytes (matplotlib on an Agg canvas: no display, no global pyplot state).
 
-``standard_vs_robust.png`` (NaCl Fig. 1), ``robust_vs_eps.png`` (Fig. S1, one panel per in-domain
-table) and ``ablation_M.png`` / ``ablation_lam.png`` (Fig. S2, only where such a grid exists).
+- ``standard_vs_robust.png`` (NaCl Fig. 1): clean (x) against the ranking metric (y), one panel per
+  table (in-domain, transfer, shift: each protocol its own point set), a y = x line, every point
+  labelled directly; filled markers differ significantly from the baseline (McNemar, Holm).
+- ``robust_vs_eps.png`` (Fig. S1): the ranking attack against ε, one panel per in-domain table,
+  every line labelled at its right end.
+- ``ablation_M.png`` / ``ablation_lam.png`` (Fig. S2), only where such a grid exists.
+
+Every recipe keeps one (colour, marker) in every figure (:mod:`.plotstyle`).
 """
 
 from __future__ import annotations
@@ -9,37 +15,56 @@ from __future__ import annotations
 import copy
 import io
 import json
-import textwrap
+import math
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from ..eval.rows import eps_label
-from .aggregate import Context, Entry, Recipe, Stat, join, metric_key, metric_name
+from .aggregate import Context, Entry, Table, join, metric_key, metric_name
+from .plotstyle import FONT, Style, label_line_ends, label_points, styles
 
 # Fixed pixel sizes (inches x dpi) so the figures are comparable between renders; tests check them.
 DPI = 100
-LEGEND_IN = 3.5  # width of the legend strip right of the panels
-FIGSIZE = {
-    "standard_vs_robust.png": (12.0, 4.5),  # 1200 x 450 px
-    "robust_vs_eps.png": (5.5, 4.5),  # per in-domain table panel, + legend strip: 900 x 450 px for one
-    "ablation": (11.0, 4.0),  # 1100 x 400 px
-}
-MARKERS = "osD^vP*<>p"  # cycled after the 10 tab10 colours, so up to 100 recipes stay distinct
+PANEL_IN = (5.0, 4.6)  # standard_vs_robust: one panel (axes, ticks, labels)
+PANEL_COLS = 3  # panels per row
+SVR_FRAME_IN = 1.25  # standard_vs_robust: title above and the key below the panels
+EPS_PANEL_IN = (6.2, 4.6)  # robust_vs_eps: one panel, with the column of line labels on its right
+LABELS_IN = 1.6  # robust_vs_eps: the width of that column
+ABLATION_IN = (11.0, 4.0)
 # Figure S2: the loss parameters whose grids get an ablation plot, with their axis labels.
 ABLATIONS = {"M": "number of positives M", "lam": "mixup coefficient λ"}
+SIGNIFICANT = 0.05  # Holm-adjusted p below which a point is drawn filled
 
 
-def _figure(size: tuple[float, float], ncols: int):
+def figure_size(name: str, n_panels: int) -> tuple[int, int]:
+    """The pixel size of a figure with ``n_panels`` panels (what tests and the page expect)."""
+    if name == "standard_vs_robust.png":
+        cols, rows = min(n_panels, PANEL_COLS), math.ceil(n_panels / PANEL_COLS)
+        return round(cols * PANEL_IN[0] * DPI), round((rows * PANEL_IN[1] + SVR_FRAME_IN) * DPI)
+    if name == "robust_vs_eps.png":
+        return round(n_panels * EPS_PANEL_IN[0] * DPI), round(EPS_PANEL_IN[1] * DPI)
+    return round(ABLATION_IN[0] * DPI), round(ABLATION_IN[1] * DPI)
+
+
+def _figure(size: tuple[float, float], nrows: int, ncols: int) -> tuple[Any, list[Any]]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size, dpi=DPI)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
     return fig, axes
+
+
+def _margins(fig: Any, nrows: int, ncols: int, *, lrbt: tuple[float, ...], gaps: tuple[float, float]) -> None:
+    """Fixed margins and gaps in inches (tight_layout would cost a draw and move panels between
+    renders): ``lrbt`` = left, right, bottom, top; ``gaps`` = between columns, between rows."""
+    w, h = fig.get_figwidth(), fig.get_figheight()
+    left, right, bottom, top = lrbt
+    ax_w = (w - left - right - (ncols - 1) * gaps[0]) / ncols
+    ax_h = (h - bottom - top - (nrows - 1) * gaps[1]) / nrows
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h)
+    fig.subplots_adjust(wspace=gaps[0] / ax_w, hspace=gaps[1] / ax_h)
 
 
 def _png(fig: Any) -> bytes:
@@ -49,111 +74,203 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _styles(recipes: Iterable[Recipe]) -> dict[Recipe, dict[str, Any]]:
-    """A colour and marker per recipe, the same in every figure; controls are grey crosses."""
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    unique = sorted(set(recipes))
-    trained = [r for r in unique if not r.control]
-    styles = {
-        r: {"color": cmap(i % 10), "marker": MARKERS[(i // 10) % len(MARKERS)]} for i, r in enumerate(trained)
-    }
-    styles |= {r: {"color": "0.45", "marker": "X"} for r in unique if r.control}
-    return styles
+def _pct(x: float | None) -> float:
+    return 100 * (x or 0.0)
 
 
-def _legend_right(fig: Any, handles: dict[str, Any]) -> None:
-    # one figure-level legend in a fixed-width strip: panels keep their size however long the labels are;
-    # fixed margins (inches) rather than tight_layout, which costs a second draw per figure
-    w, h, n = fig.get_figwidth(), fig.get_figheight(), len(fig.axes)
-    left, right, gap = 0.7, w - LEGEND_IN - 0.1, 0.9  # inches
-    panel = (right - left - (n - 1) * gap) / n
-    fig.subplots_adjust(left=left / w, right=right / w, bottom=0.8 / h, top=1 - 0.75 / h, wspace=gap / panel)
-    frac = LEGEND_IN / w
-    if handles:
-        labels = [textwrap.fill(label, 46, subsequent_indent="  ") for label in handles]
-        fig.legend(
-            list(handles.values()),
-            labels,
-            loc="center left",
-            bbox_to_anchor=(1 - frac + 0.01, 0.5),
-            fontsize=7,
-            frameon=False,
+# ============ standard vs robust (Fig. 1) ============
+
+
+def _svr_points(ctx: Context, table: Table) -> list[tuple[Entry, float, float, tuple[float, float] | None]]:
+    """(entry, clean %, ranking metric %, its interval %) per point; shift: means over the variants."""
+    metric = table.rank_metric
+    if table.setting != "shift":
+        out = []
+        for e in table.entries:
+            s = e.stat(metric)
+            if s.mean is not None and e.stat("clean").mean is not None:
+                ci = None if s.lo is None else (_pct(s.lo), _pct(s.hi))
+                out.append((e, _pct(e.stat("clean").mean), _pct(s.mean), ci))
+        return out
+    groups: dict[str, list[Entry]] = defaultdict(list)
+    for e in table.entries:
+        if e.stat(metric).mean is not None and e.stat("clean").mean is not None:
+            groups[e.recipe.recipe_id].append(e)
+    return [
+        (
+            es[0],
+            sum(_pct(e.stat("clean").mean) for e in es) / len(es),
+            sum(_pct(e.stat(metric).mean) for e in es) / len(es),
+            None,
         )
+        for es in groups.values()
+    ]
 
 
-def _pct(s: Stat) -> tuple[float, float]:
-    return 100 * (s.mean or 0.0), 100 * (s.std or 0.0)
+def _panel_title(ctx: Context, table: Table) -> str:
+    what = f"{table.setting}: {table.dataset}"
+    if table.setting == "shift":
+        what += f" (mean over {join(e.shift or e.dataset for e in table.entries)})"
+    return what + (f"\n{table.note}" if table.note else "")
 
 
-def plot_standard_vs_robust(ctx: Context) -> bytes:
-    """NaCl Fig. 1: clean (x) vs FGSM@headline (y), one point per recipe; in-domain and transfer panels."""
-    fig, axes = _figure(FIGSIZE["standard_vs_robust.png"], 2)
-    styles = _styles(e.recipe for e in ctx.entries)
-    handles: dict[str, Any] = {}
-    for ax, setting in zip(axes, ("in-domain", "transfer"), strict=True):
-        pts = [e for e in ctx.entries if e.setting == setting and e.stat(ctx.fgsm).mean is not None]
-        for e in sorted(pts, key=lambda e: e.rank):
-            (x, xs), (y, ys) = _pct(e.stat("clean")), _pct(e.stat(ctx.fgsm))
-            st = styles[e.recipe]
-            h = ax.errorbar(x, y, xerr=xs, yerr=ys, fmt=st["marker"], color=st["color"], ms=7, capsize=3)
-            handles.setdefault(ctx.label(e.recipe), h)
-        ax.set_title(f"{setting}: {join((e.dataset for e in pts), 'no rows')}", fontsize=10)
-        ax.set_xlabel("standard (clean) accuracy [%]")
-        ax.set_ylabel(f"FGSM accuracy, ε = {ctx.eps_text} [%]")
-        ax.grid(alpha=0.3)
+def _svr_panel(ctx: Context, ax: Any, table: Table, style: dict[Any, Style], renderer: Any) -> None:
+    pts = _svr_points(ctx, table)
+    base = ctx.baselines.get(table.key)
+    labels, clear = [], []
+    for e, x, y, ci in sorted(pts, key=lambda p: p[0].rank):
+        st = style[e.recipe]
+        c = ctx.comparisons.get(e.uid)
+        filled = c is not None and c.p_holm is not None and c.p_holm < SIGNIFICANT
+        if ci is not None:
+            ax.plot([x, x], ci, color=st.color, lw=0.6, alpha=0.35, zorder=1, gid=f"interval:{e.uid}")
+        face = st.color if filled else "white"
+        ax.plot([x], [y], ls="none", marker=st.marker, ms=7, mfc=face, mec=st.color, mew=1.2, zorder=3,
+                gid=f"point:{e.uid}")  # fmt: skip
+        if e.uid == base:
+            ax.plot([x], [y], ls="none", marker="o", ms=15, mfc="none", mec="black", mew=1.2, zorder=2,
+                    gid="baseline-ring")  # fmt: skip
+        labels.append((x, y, st.label + (" (baseline)" if e.uid == base else ""), st.color))
+        clear.append(11.0 if e.uid == base else 5.0)  # the baseline's ring is wider than a marker
+    _square_limits(ax, [(x, y) for _, x, y, _ in pts])
+    lo, hi = ax.get_xlim()
+    ax.plot([lo, hi], [lo, hi], ls="--", color="0.6", lw=0.8, zorder=0, gid="y=x")
+    ax.set_title(_panel_title(ctx, table), fontsize=9)
+    ax.set_xlabel("clean accuracy [%]", fontsize=8)
+    ax.set_ylabel(f"{table.rank_label} [%]", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.25)
+    if not pts:
+        ax.text(0.5, 0.5, "no rows", transform=ax.transAxes, ha="center", va="center", color="0.5")
+    label_points(ax, labels, renderer, clear)
+
+
+def _square_limits(ax: Any, xy: list[tuple[float, float]]) -> None:
+    """x limits around the clean accuracies; y limits around the robust ones, stretched to cover the
+    x range too, so that y = x crosses the panel (above the points: robust never exceeds clean)."""
+    if not xy:
+        return
+    xs, ys = [p[0] for p in xy], [p[1] for p in xy]
+    padx = max(1.5, 0.1 * (max(xs) - min(xs)))
+    xlo, xhi = max(0.0, min(xs) - padx), min(100.5, max(xs) + padx)
+    ylo, yhi = min(*ys, xlo), max(*ys, xhi)
+    pady = max(1.5, 0.05 * (yhi - ylo))
+    ax.set_xlim(xlo, xhi)
+    ax.set_ylim(max(0.0, ylo - pady), min(100.5, yhi + pady))
+
+
+def _svr_key(ctx: Context, fig: Any) -> None:
+    from matplotlib.lines import Line2D
+
+    dot = {"ls": "none", "marker": "o"}
+    handles = [
+        Line2D(
+            [],
+            [],
+            **dot,
+            mfc="0.3",
+            mec="0.3",
+            label="filled: differs from the baseline (McNemar, Holm p < 0.05)",
+        ),
+        Line2D([], [], **dot, mfc="white", mec="0.3", label="hollow: no significant difference, or untested"),
+        Line2D([], [], **dot, ms=11, mfc="none", mec="black", mew=1.2, label="black ring: the baseline"),
+        Line2D([], [], ls="--", color="0.6", label="y = x (robust = clean)"),
+        Line2D([], [], color="0.3", alpha=0.35, label="95 % interval"),
+    ]
+    if not ctx.baselines:
+        handles = handles[3:]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=FONT, frameon=False)
+
+
+def draw_standard_vs_robust(ctx: Context) -> Any:
+    """NaCl Fig. 1 (a matplotlib Figure): clean vs the ranking metric, one panel per table (in
+    order), points labelled directly."""
+    tables = [t for t in ctx.tables if t.setting in ("in-domain", "transfer", "shift")]
+    n = max(1, len(tables))
+    w, h = figure_size("standard_vs_robust.png", n)
+    cols, rows = min(n, PANEL_COLS), math.ceil(n / PANEL_COLS)
+    fig, axes = _figure((w / DPI, h / DPI), rows, cols)
+    _margins(fig, rows, cols, lrbt=(0.65, 0.25, 0.8, 0.85), gaps=(0.9, 1.05))
+    style = styles(e.recipe for e in ctx.entries)
+    renderer = fig.canvas.get_renderer()
+    for ax, table in zip(axes, tables, strict=False):
+        _svr_panel(ctx, ax, table, style, renderer)
+    for ax in axes[len(tables) :]:
+        ax.set_axis_off()
+    fig.suptitle(
+        "Standard vs robust accuracy (mean over seeds; grey crosses: random-init controls)",
+        fontsize=10,
+        y=1 - 0.15 / (h / DPI),
+    )
+    _svr_key(ctx, fig)
+    return fig
+
+
+# ============ robust accuracy vs eps (Fig. S1) ============
+
+
+def _sweep_attack(table: Table) -> str:
+    """The attack whose ε sweep the panel draws: the ranking metric's, else FGSM."""
+    keys = table.metric_keys
+    for attack, norm, eps in keys:
+        swept = sum(k[0] == attack and k[1] == norm for k in keys) >= 2
+        if metric_name(attack, norm, eps) == table.rank_metric and swept:
+            return attack
+    return "fgsm"
+
+
+def _eps_panel(ctx: Context, ax: Any, table: Table, style: dict[Any, Style], renderer: Any) -> None:
+    attack = _sweep_attack(table)
+    all_eps: set[float] = set()
+    ends = []
+    for e in sorted(table.entries, key=lambda e: e.rank):
+        pts = sorted(
+            (eps, e.stat(name).mean)
+            for name, eps in _metric_eps(e, attack)
+            if eps > 0 and e.stat(name).mean is not None
+        )
         if not pts:
-            ax.text(0.5, 0.5, "no rows", transform=ax.transAxes, ha="center", va="center", color="0.5")
-    title = "Standard vs robust accuracy (mean ± std over seeds; grey X = random-init control)"
-    fig.suptitle(title, fontsize=10)
-    _legend_right(fig, handles)
-    return _png(fig)
+            continue
+        st = style[e.recipe]
+        xs, ys = [p[0] for p in pts], [_pct(p[1]) for p in pts]
+        all_eps.update(xs)
+        dash = "--" if e.recipe.control else "-"
+        ax.plot(xs, ys, marker=st.marker, color=st.color, ms=4, lw=1.1, ls=dash, gid=f"line:{e.uid}")
+        ends.append((xs[-1], ys[-1], st.label, st.color))
+    if all_eps:
+        ticks = sorted(all_eps)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [f"{t:g}\n{eps_label(t)}" for t in ticks], fontsize=7)
+        ax.minorticks_off()
+    else:
+        ax.text(0.5, 0.5, f"no {attack} rows", transform=ax.transAxes, ha="center", va="center", color="0.5")
+    name = {"worst_case": "worst case", "fgsm": "FGSM", "pgd": "PGD"}.get(attack, attack)
+    note = f" ({table.note})" if table.note else ""
+    ax.set_title(f"in-domain: {table.dataset}{note}\n{name} accuracy vs ε (mean over seeds)", fontsize=9)
+    ax.set_xlabel("ε ([0,1] pixel units; /255 below)", fontsize=8)
+    ax.set_ylabel(f"{name} accuracy [%]", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(alpha=0.25)
+    label_line_ends(ax, ends, renderer)
 
 
-def plot_robust_vs_eps(ctx: Context) -> bytes:
-    """Fig. S1: in-domain robust accuracy vs eps (FGSM sweep lines with a seed-std band, PGD squares)."""
+def draw_robust_vs_eps(ctx: Context) -> Any:
+    """Fig. S1 (a matplotlib Figure): in-domain robust accuracy vs ε, one panel per in-domain table,
+    lines labelled at their right end."""
     tables = [t for t in ctx.tables if t.setting == "in-domain"]
-    groups = [(t.dataset + (f"\n{t.note}" if t.note else ""), t.entries) for t in tables]
-    groups = groups or [("no in-domain rows", [])]
-    w, h = FIGSIZE["robust_vs_eps.png"]
-    fig, axes = _figure((w * len(groups) + LEGEND_IN, h), len(groups))
-    styles = _styles(e.recipe for e in ctx.entries)
-    handles: dict[str, Any] = {}
-    for ax, (dataset, group) in zip(axes, groups, strict=True):
-        all_eps: set[float] = set()
-        for e in sorted(group, key=lambda e: e.rank):
-            color = styles[e.recipe]["color"]
-            for attack, marker in (("fgsm", "o"), ("pgd", "s")):
-                pts = sorted(
-                    (eps, e.stat(name))
-                    for name, eps in _metric_eps(e, attack)
-                    if eps > 0 and e.stat(name).mean is not None
-                )
-                if not pts:
-                    continue
-                all_eps.update(p[0] for p in pts)
-                xs = [p[0] for p in pts]
-                m = np.array([100 * p[1].mean for p in pts])
-                s = np.array([100 * (p[1].std or 0.0) for p in pts])
-                ls = ("--" if e.recipe.control else "-") if attack == "fgsm" else "none"
-                (line,) = ax.plot(xs, m, marker=marker, color=color, ms=4, ls=ls)
-                if attack == "fgsm":
-                    ax.fill_between(xs, m - s, m + s, color=color, alpha=0.15, lw=0)
-                    handles.setdefault(ctx.label(e.recipe), line)
-        if all_eps:
-            ticks = sorted(all_eps)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ticks, [f"{t:g}\n{eps_label(t)}" for t in ticks], fontsize=7)
-            ax.minorticks_off()
-        else:
-            ax.text(0.5, 0.5, "no FGSM rows", transform=ax.transAxes, ha="center", va="center", color="0.5")
-        ax.set_title(f"in-domain: {dataset}\n(lines: FGSM ± std over seeds; squares: PGD)", fontsize=9)
-        ax.set_xlabel("ε ([0,1] pixel units; /255 below)")
-        ax.set_ylabel("robust accuracy [%]")
-        ax.grid(alpha=0.3)
-    _legend_right(fig, handles)
-    return _png(fig)
+    n = max(1, len(tables))
+    w, h = figure_size("robust_vs_eps.png", n)
+    fig, axes = _figure((w / DPI, h / DPI), 1, n)
+    _margins(fig, 1, n, lrbt=(0.65, LABELS_IN, 0.75, 0.55), gaps=(LABELS_IN + 0.65, 0.0))
+    style = styles(e.recipe for e in ctx.entries)
+    renderer = fig.canvas.get_renderer()
+    for ax, table in zip(axes, tables, strict=False):
+        _eps_panel(ctx, ax, table, style, renderer)
+    if not tables:
+        axes[0].text(
+            0.5, 0.5, "no in-domain rows", transform=axes[0].transAxes, ha="center", va="center", color="0.5"
+        )
+    return fig
 
 
 def _metric_eps(e: Entry, attack: str) -> list[tuple[str, float]]:
@@ -199,41 +316,49 @@ def find_grids(entries: list[Entry], param: str) -> dict[str, list[tuple[float, 
     return dict(sorted(out.items()))
 
 
-def plot_ablation(ctx: Context, param: str, grids: dict[str, list[tuple[float, Entry]]]) -> bytes:
-    """Fig. S2: clean and FGSM@headline vs one loss parameter, one line per loss family."""
-    from matplotlib import colormaps
-
-    fig, axes = _figure(FIGSIZE["ablation"], 2)
-    cmap = colormaps["tab10"]
-    handles: dict[str, Any] = {}
-    panels = (("clean", "clean accuracy"), (ctx.fgsm, f"FGSM@{ctx.eps_text}"))
-    for ax, (metric, what) in zip(axes, panels, strict=True):
+def draw_ablation(ctx: Context, param: str, grids: dict[str, list[tuple[float, Entry]]]) -> Any:
+    """Fig. S2 (a matplotlib Figure): clean and the ranking metric vs one loss parameter, one line
+    per loss family."""
+    fig, axes = _figure(ABLATION_IN, 1, 2)
+    _margins(fig, 1, 2, lrbt=(0.7, 0.2, 0.6, 0.45), gaps=(0.9, 0.0))
+    style = styles(e.recipe for e in ctx.entries)
+    metric = ctx.table_of(next(iter(grids.values()))[0][1]).rank_metric
+    label = ctx.table_of(next(iter(grids.values()))[0][1]).rank_label
+    for ax, (m, what) in zip(axes, (("clean", "clean accuracy"), (metric, label)), strict=True):
         values: set[float] = set()
-        for i, (label, pts) in enumerate(grids.items()):
+        for name, pts in grids.items():
             xs = [v for v, _ in pts]
             values.update(xs)
-            ms = [_pct(e.stat(metric)) for _, e in pts]
-            h = ax.errorbar(
-                xs, [m for m, _ in ms], yerr=[s for _, s in ms], fmt="-o", color=cmap(i % 10), capsize=3, ms=4
+            st = style[pts[0][1].recipe]
+            ys = [_pct(e.stat(m).mean) for _, e in pts]
+            lo = [
+                y - _pct(e.stat(m).lo) if e.stat(m).lo is not None else 0
+                for y, (_, e) in zip(ys, pts, strict=True)
+            ]
+            hi = [
+                _pct(e.stat(m).hi) - y if e.stat(m).hi is not None else 0
+                for y, (_, e) in zip(ys, pts, strict=True)
+            ]
+            ax.errorbar(
+                xs, ys, yerr=[lo, hi], fmt="-" + st.marker, color=st.color, capsize=3, ms=5, label=name
             )
-            handles.setdefault(label, h)
         ax.set_xticks(sorted(values), [f"{v:g}" for v in sorted(values)])
-        ax.set_xlabel(ABLATIONS[param])
-        ax.set_ylabel(f"{what} [%]")
+        ax.set_xlabel(ABLATIONS[param], fontsize=8)
+        ax.set_ylabel(f"{what} [%] (95 % interval)", fontsize=8)
         ax.set_title(f"in-domain {what} vs {param}", fontsize=9)
-        ax.grid(alpha=0.3)
-    _legend_right(fig, handles)
-    return _png(fig)
+        ax.grid(alpha=0.25)
+        ax.legend(fontsize=FONT, frameon=False)
+    return fig
 
 
 def render_figures(ctx: Context) -> tuple[dict[str, bytes], dict[str, str], dict[str, str]]:
     """(file name -> PNG bytes, file name -> caption, skipped file name -> why not drawn)."""
     files = {
-        "standard_vs_robust.png": plot_standard_vs_robust(ctx),
-        "robust_vs_eps.png": plot_robust_vs_eps(ctx),
+        "standard_vs_robust.png": _png(draw_standard_vs_robust(ctx)),
+        "robust_vs_eps.png": _png(draw_robust_vs_eps(ctx)),
     }
     captions = {
-        "standard_vs_robust.png": "Standard vs robust accuracy (NaCl Fig. 1)",
+        "standard_vs_robust.png": "Standard vs robust accuracy, one panel per table (NaCl Fig. 1)",
         "robust_vs_eps.png": "Robust accuracy vs ε, in-domain (Fig. S1)",
     }
     skipped: dict[str, str] = {}
@@ -241,7 +366,7 @@ def render_figures(ctx: Context) -> tuple[dict[str, bytes], dict[str, str], dict
         name = f"ablation_{param}.png"
         grids = find_grids(ctx.entries, param)
         if grids:
-            files[name] = plot_ablation(ctx, param, grids)
+            files[name] = _png(draw_ablation(ctx, param, grids))
             captions[name] = f"Ablation over {param} (Fig. S2): {'; '.join(grids)}"
         else:
             skipped[name] = f"no {param} grid (no loss family has recipes that differ only in {param})"

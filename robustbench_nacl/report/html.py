@@ -17,7 +17,8 @@ import json
 import re
 from typing import Any
 
-from .aggregate import MISSING, Context, Entry, distinct, fmt_with_n, provenance
+from .aggregate import MISSING, Context, Entry, Stat, distinct, fmt_interval, pct, provenance
+from .compare import fmt_diff, fmt_p, fmt_points
 from .export import display_order
 
 _CSS = """
@@ -34,12 +35,18 @@ code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
 .controls { display: flex; gap: 1rem; align-items: center; margin: 1rem 0 .5rem; flex-wrap: wrap; }
 .controls input, .controls select { font: inherit; padding: .25rem .4rem; }
 #count { color: var(--mute); }
-table { border-collapse: collapse; width: 100%; }
-th, td { border-bottom: 1px solid var(--line); padding: .3rem .5rem; text-align: left; vertical-align: top; }
+/* the table fits the 1400 px page: headers and long text wrap, intervals sit under their value */
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { border-bottom: 1px solid var(--line); padding: .25rem .35rem; text-align: left;
+  vertical-align: top; }
 th { background: var(--head); position: sticky; top: 0; cursor: pointer; user-select: none;
-  white-space: nowrap; }
+  font-weight: 600; max-width: 9rem; }
 th[aria-sort=ascending]::after { content: " ▲"; } th[aria-sort=descending]::after { content: " ▼"; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td .ci { display: block; font-size: 11px; color: var(--mute); }
+td[data-col=setting], td[data-col=dataset] { white-space: nowrap; }
+td[data-col=key_params], td[data-col=differs], td[data-col=protocol] { max-width: 14rem;
+  overflow-wrap: anywhere; font-size: 12px; }
 tr.control td { background: var(--ctrl); }
 tr.flagged td[data-col=sanity] { background: var(--hi); }
 button.prov-toggle { border: 0; background: none; cursor: pointer; font: inherit; color: var(--mute);
@@ -47,7 +54,7 @@ button.prov-toggle { border: 0; background: none; cursor: pointer; font: inherit
 tr.prov td { background: var(--head); }
 tr.prov dl { display: grid; grid-template-columns: max-content 1fr; gap: .15rem 1rem; margin: .3rem 0; }
 tr.prov dt { color: var(--mute); } tr.prov dd { margin: 0; word-break: break-all; }
-figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid var(--line); background: #fff; }
+figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid var(--line); background: #fff; }
 figcaption { color: var(--mute); }
 """
 
@@ -129,6 +136,7 @@ _JS = r"""
         const cell = r.cells[c.key] || { text: "" };
         const td = el("td", { "data-col": c.key, class: c.numeric ? "num" : "" });
         if (cell.value != null) td.dataset.value = String(cell.value);
+        if (cell.title) td.title = cell.title;
         if (j === 0) {
           const open = state.open.has(r.id);
           const btn = el("button", { class: "prov-toggle", "aria-expanded": String(open), "data-id": r.id,
@@ -142,6 +150,7 @@ _JS = r"""
         } else {
           td.textContent = cell.text;
         }
+        if (cell.sub) td.appendChild(el("span", { class: "ci" }, cell.sub));
         tr.appendChild(td);
       });
       body.appendChild(tr);
@@ -225,6 +234,9 @@ def render_page(
 <body>
 <h1>{html.escape(title)}</h1>
 <p class="lead">{_inline_md(lead)}</p>
+<section id="figures">
+{figures}
+</section>
 <ul class="legend">
 {items}
 </ul>
@@ -241,9 +253,6 @@ numbers.</p></noscript>
 <tbody id="lb-body"></tbody>
 </table>
 <p class="lead">Click a column header to sort (again to reverse); click ▸ for a row's provenance.</p>
-<section id="figures">
-{figures}
-</section>
 <script type="application/json" id="leaderboard-data">{data}</script>
 <script>{_JS}</script>
 </body>
@@ -255,8 +264,15 @@ numbers.</p></noscript>
 
 
 def html_columns(ctx: Context) -> list[dict[str, Any]]:
-    """The page's columns; "differs" and "protocol" only when some entry needs them."""
-    metrics = {"clean": "clean", "fgsm": f"FGSM@{ctx.eps_text}", "pgd": f"PGD@{ctx.eps_text}"}
+    """The page's columns; "differs", "protocol" and the Δ column only when some entry needs them."""
+    ranked = distinct(t.rank_label for t in ctx.tables)
+    metrics = {
+        "clean": "clean",
+        "rank_metric": "ranked by: " + (ranked[0] if len(ranked) == 1 else "the table's metric"),
+        **({"delta": f"Δ vs {ctx.baseline_family} (p)"} if ctx.baselines else {}),
+        "fgsm": f"FGSM@{ctx.eps_text}",
+        "pgd": f"PGD@{ctx.eps_text}",
+    }
     optional = [
         ("differs", "differs", any(e.recipe.differs for e in ctx.entries)),
         ("protocol", "protocol", any(t.note for t in ctx.tables)),
@@ -282,7 +298,10 @@ def html_table(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     rows = []
     for e in display_order(ctx):
         n = len(e.runs)
-        stats = {"clean": e.stat("clean"), "fgsm": e.stat(ctx.fgsm), "pgd": e.stat(ctx.pgd)}
+        table = ctx.table_of(e)
+        metric = table.rank_metric
+        stats = {"clean": e.stat("clean"), "rank_metric": e.stat(metric), "fgsm": e.stat(ctx.fgsm)}
+        stats["pgd"] = e.stat(ctx.pgd)
         fails = distinct(c for _, checks in e.failures() for c in checks)
         cells = {
             "rank": {"text": str(e.rank), "value": e.rank},
@@ -295,9 +314,11 @@ def html_table(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             "encoder": {"text": e.recipe.encoder},
             "pretrain": {"text": e.recipe.pretrain_dataset},
             "n": {"text": str(n), "value": n},
-            **{k: {"text": fmt_with_n(s, n), "value": _round(s.mean)} for k, s in stats.items()},
+            **{k: _stat_cell(s, n) for k, s in stats.items()},
+            "delta": _delta_cell(ctx, e),
             "sanity": {"text": "⚠ " + ", ".join(fails) if fails else "ok"},
         }
+        cells["rank_metric"]["title"] = table.rank_label
         entry = {"id": e.uid, "setting": e.setting, "control": e.recipe.control, "cells": cells}
         rows.append(entry | {"provenance": _entry_provenance(e)})
     return html_columns(ctx), rows
@@ -305,6 +326,33 @@ def html_table(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
+
+
+def _stat_cell(s: Stat, n_runs: int) -> dict[str, Any]:
+    """The mean (and ``(n=k)``), its interval on a line below, the mean as the sort value."""
+    text = pct(s.mean) + (f" (n={s.n})" if s.mean is not None and s.n != n_runs else "")
+    cell: dict[str, Any] = {"text": text, "value": _round(s.mean)}
+    if s.lo is not None:
+        cell["sub"] = fmt_interval(s)
+        cell["title"] = (
+            f"95 % interval: {'t over seeds' if s.interval == 't' else 'Wilson over test examples'}"
+        )
+    return cell
+
+
+def _delta_cell(ctx: Context, e: Entry) -> dict[str, Any]:
+    """The ranking metric minus the baseline's (points), the Holm-adjusted p below it."""
+    table = ctx.table_of(e)
+    if ctx.baselines.get(table.key) == e.uid:
+        return {"text": "baseline"}
+    c = ctx.comparisons.get(e.uid)
+    if c is None or c.diff is None:
+        return {"text": MISSING}
+    p = fmt_p(c.p_holm)
+    sub = "p –" if c.p_holm is None else f"p{'' if p.startswith('<') else '='}{p}"
+    cell: dict[str, Any] = {"text": fmt_points(c.diff), "value": _round(c.diff), "sub": sub}
+    cell["title"] = f"{fmt_diff(c)} points, paired {c.pairing}" + (f"; {c.note}" if c.note else "")
+    return cell
 
 
 def _entry_provenance(e: Entry) -> dict[str, Any]:

@@ -1,9 +1,13 @@
 """Render the leaderboard from result rows: Markdown, CSV, JSON, the NaCl figures and a static HTML page.
 
-Nothing here evaluates anything: the input is result rows (``eval.rows.load_rows``). Rows are
-grouped into *recipes* by ``recipe_id`` (what was trained, seeds aggregated away) and into tables
-by ``protocol_id`` (how it was measured); see :mod:`.aggregate`. Random-init controls are ranked
-like every other recipe, so a reader sees where clean accuracy alone misleads.
+Nothing here evaluates anything: the input is result rows (``eval.rows.load_rows``), from one
+directory or several (yours beside a reference: :mod:`.sources`). Rows are grouped into *recipes*
+by ``recipe_id`` (what was trained, seeds aggregated away) and into tables by ``protocol_id`` (how
+it was measured); see :mod:`.aggregate`. Every accuracy carries a 95 % interval. Each table is
+ranked by a robustness metric, by default the worst case at its suite's largest ε (:mod:`.ranking`),
+and every line is compared with a baseline family on the same test examples (McNemar, Holm:
+:mod:`.compare`). Random-init controls are ranked like every other recipe, so a reader sees where
+clean accuracy alone misleads.
 
 Outputs (all written atomically into ``out``): ``LEADERBOARD.md`` (:mod:`.markdown`),
 ``results.csv`` and ``leaderboard.json`` (one flat record per recipe x protocol) and ``rows.csv``
@@ -14,16 +18,37 @@ Outputs (all written atomically into ``out``): ``LEADERBOARD.md`` (:mod:`.markdo
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..eval.rows import load_rows
 from ..io import write_bytes_atomic
 from . import export, figures, html, markdown
-from .aggregate import HEADLINE_EPS, Context, aggregate, rank_entries, validate_rows
+from .aggregate import HEADLINE_EPS, Context, aggregate, validate_rows
+from .compare import attach_comparisons
+from .ranking import rank_tables
+from .sources import load_dirs, match_protocols
 
 log = logging.getLogger(__name__)
+
+
+def build_context(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    headline_eps: float = HEADLINE_EPS,
+    rank_by: str | None = None,
+    baseline: str | None = None,
+    baseline_recipe: str | None = None,
+) -> tuple[Context, int]:
+    """Rows -> the context every renderer reads (tables ranked, comparisons attached), and the
+    number of duplicate rows ignored."""
+    typed = validate_rows(rows)
+    entries, dropped = aggregate(typed)
+    ctx = Context.build(typed, entries, headline_eps)
+    ctx.rank_by = rank_by
+    rank_tables(ctx.tables, rank_by)
+    attach_comparisons(ctx, baseline, baseline_recipe)
+    return ctx, dropped
 
 
 def render_leaderboard(
@@ -33,19 +58,26 @@ def render_leaderboard(
     headline_eps: float = HEADLINE_EPS,
     title: str = "robustbench-nacl leaderboard",
     command: str | None = None,
+    rank_by: str | None = None,
+    baseline: str | None = None,
+    baseline_recipe: str | None = None,
+    left_out: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write every leaderboard output into ``out``; returns {file name: path} of the files written.
 
     ``rows``: ResultRows or their flat JSON dicts (validated here: a one-line UserError names the
-    first bad one). Ablation plots are written only where an M or lambda grid exists; a skipped one
-    is absent from the returned dict, logged, and named under "skipped" in leaderboard.json and
-    LEADERBOARD.md.
+    first bad one). ``rank_by``: the ranking metric (:mod:`.ranking`; default: the worst case at
+    the suite's largest ε). ``baseline``: the loss family of the Δ column (default: simclr where
+    present; ``"none"``: no column), ``baseline_recipe`` picks among several recipes of it.
+    ``left_out``: one-line notices about rows not rendered (:func:`.sources.match_protocols`).
+    Ablation plots are written only where an M or lambda grid exists; a skipped one is absent from
+    the returned dict, logged, and named under "skipped" in leaderboard.json and LEADERBOARD.md.
     """
-    typed = validate_rows(rows)
+    ctx, dropped = build_context(
+        rows, headline_eps=headline_eps, rank_by=rank_by, baseline=baseline, baseline_recipe=baseline_recipe
+    )
+    ctx.left_out = list(left_out)
     out = Path(out)
-    entries, dropped = aggregate(typed)
-    rank_entries(entries, headline_eps)
-    ctx = Context.build(typed, entries, headline_eps)
     written: dict[str, Path] = {}
 
     def write(name: str, data: bytes) -> None:
@@ -65,7 +97,7 @@ def render_leaderboard(
     write("LEADERBOARD.md", page.encode())
     recs = export.records(ctx)
     write("results.csv", export.results_csv(recs))
-    write("rows.csv", export.rows_csv(typed))
+    write("rows.csv", export.rows_csv(ctx.rows))
     meta = {"title": title, "command": command, "dropped": dropped, "figures": captions, "skipped": skipped}
     write("leaderboard.json", export.leaderboard_json(ctx, recs, **meta))
     lead, items = markdown.legend(ctx, command, dropped)
@@ -78,9 +110,31 @@ def render_leaderboard(
 
 
 def main_leaderboard(
-    rows_dir: str | Path, out: str | Path, *, headline_eps: float = HEADLINE_EPS, command: str | None = None
+    rows_dir: str | Path | Sequence[str | Path],
+    out: str | Path,
+    *,
+    headline_eps: float = HEADLINE_EPS,
+    command: str | None = None,
+    rank_by: str | None = None,
+    baseline: str | None = None,
+    baseline_recipe: str | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    """CLI entry: load the rows under ``rows_dir`` and render the leaderboard into ``out``."""
-    rows = load_rows(rows_dir)
-    validate_rows(rows, source=rows_dir)
-    return render_leaderboard(rows, out, headline_eps=headline_eps, command=command)
+    """CLI entry: load the rows of one directory or several (the first yours, the others the
+    reference: :mod:`.sources`) and render the leaderboard into ``out``. Each one-line notice about
+    rows left out for a protocol mismatch is passed to ``notify`` (e.g. print to stderr) and logged."""
+    rows, notices = match_protocols(load_dirs(rows_dir))
+    for notice in notices:
+        log.warning("leaderboard: %s", notice)
+        if notify is not None:
+            notify(notice)
+    return render_leaderboard(
+        rows,
+        out,
+        headline_eps=headline_eps,
+        command=command,
+        rank_by=rank_by,
+        baseline=baseline,
+        baseline_recipe=baseline_recipe,
+        left_out=notices,
+    )

@@ -17,13 +17,15 @@ from .aggregate import (
     Context,
     Entry,
     Recipe,
-    Stat,
     Table,
     distinct,
     fmt_with_n,
     join,
+    pct,
     provenance,
 )
+from .compare import NO_BITS, fmt_p, fmt_points
+from .ranking import tie
 
 
 def _table_md(headers: list[str], body: list[list[str]], align: list[str]) -> str:
@@ -56,12 +58,66 @@ def _ident_headers(ctx: Context, setting: str, differs: bool) -> tuple[list[str]
     return heads, ["right"] + ["left"] * (len(heads) - 1)
 
 
-def _heading(text: str, table: Table) -> list[str]:
-    # a table whose dataset is also measured under another protocol says how its protocol differs
+def _heading(text: str, table: Table, ranked_by: str) -> list[str]:
+    # the heading names the ranking metric; a table whose dataset is also measured under another
+    # protocol says how its protocol differs
+    text = f"{text}, ranked by {ranked_by}"
     if not table.note:
         return [text, ""]
     return [f"{text} — protocol: {table.note}", "", f"> Not ranked with the other {table.dataset} tables: "
             f"their protocols differ ({table.note} here).", ""]  # fmt: skip
+
+
+# ============ cells and lines shared by the tables ============
+
+
+def _intervals_text(ctx: Context, entries: list[Entry]) -> str:
+    """Which intervals a table's cells carry, e.g. ``t over seeds where n ≥ 2, Wilson ...``."""
+    kinds = {s.interval for e in entries for s in e.stats.values() if s.interval}
+    n = join((e.n_examples for e in entries), "?")
+    parts = [
+        ("t", "Student-t over seeds where n ≥ 2"),
+        ("wilson", f"Wilson over the {n} test examples where n = 1 (test-example sampling only)"),
+    ]
+    return "; ".join(text for kind, text in parts if kind in kinds) or "none (no seeds, no example counts)"
+
+
+def _caption(ctx: Context, table: Table) -> list[str]:
+    """The line under a table: what its cells mean and how ties are broken."""
+    text = f"Cells: accuracy in % [95 % interval: {_intervals_text(ctx, table.entries)}]. ▼: the ranking "
+    text += "column; ties by clean accuracy." + (f" ({table.rank_note}.)" if table.rank_note else "")
+    return [text, ""]
+
+
+def _delta_header(ctx: Context, table: Table) -> list[str]:
+    return [f"Δ vs {ctx.baseline_family} (p)"] if table.key in ctx.baselines else []
+
+
+def _delta_cell(ctx: Context, table: Table, e: Entry) -> list[str]:
+    """``+4.4 (p=0.012)`` (Holm-adjusted), ``+4.4 (p –)`` without per-example outcomes, ``baseline``."""
+    if table.key not in ctx.baselines:
+        return []
+    if ctx.baselines[table.key] == e.uid:
+        return ["baseline"]
+    c = ctx.comparisons.get(e.uid)
+    if c is None or c.diff is None:
+        return [MISSING]
+    p = fmt_p(c.p_holm)
+    return [f"{fmt_points(c.diff)} (p{' ' if c.p_holm is None else '' if p.startswith('<') else '='}{p})"]
+
+
+def _headline_cols(ctx: Context, table: Table) -> list[tuple[str, str]]:
+    """(header, metric) of the headline FGSM and PGD columns, unless one is the ranking metric."""
+    cols = [(f"FGSM@{ctx.eps_text}", ctx.fgsm), (f"PGD@{ctx.eps_text}", ctx.pgd)]
+    return [(h, m) for h, m in cols if m != table.rank_metric]
+
+
+def _no_p_note(ctx: Context, table: Table) -> list[str]:
+    # a footnote where some Δ of this table has no p-value for want of per-example outcomes
+    ids = {e.uid for e in table.entries}
+    if any(c.entry_id in ids and c.p is None and c.diff is not None for c in ctx.comparisons.values()):
+        return [f"- p –: {NO_BITS}; re-run their evaluation for McNemar's test.", ""]
+    return []
 
 
 # ============ one renderer per setting ============
@@ -74,43 +130,50 @@ def _table_in_domain(ctx: Context, table: Table) -> list[str]:
         t.dataset for t in ctx.entries if t.setting == "transfer" and (t.recipe.recipe_id, t.context) in ids
     )
     differs = _show_differs(group)
+    metric, headline = table.rank_metric, _headline_cols(ctx, table)
     heads, align = _ident_headers(ctx, "in-domain", differs)
-    heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}"]
-    heads += [h for h, _ in ctx.strong_cols]
-    for t in targets:
-        heads += [f"→ {t} clean", f"→ {t} FGSM"]
+    heads += ["n", "clean", f"{table.rank_label} ▼", *_delta_header(ctx, table), *(h for h, _ in headline)]
+    heads += [f"→ {t} clean / {table.rank_label}" for t in targets]
     heads.append("sanity")
     align += ["right"] * (len(heads) - len(align) - 1) + ["left"]
     body = []
     for e in group:
         n = len(e.runs)
         line = [*_ident_cols(ctx, e, differs), str(n), fmt_with_n(e.stat("clean"), n)]
-        line += [fmt_with_n(e.stat(ctx.fgsm), n), fmt_with_n(e.stat(ctx.pgd), n)]
-        line += [fmt_with_n(e.stat(m), n) for _, m in ctx.strong_cols]
+        line += [fmt_with_n(e.stat(metric), n), *_delta_cell(ctx, table, e)]
+        line += [fmt_with_n(e.stat(m), n) for _, m in headline]
         for t in targets:
             te = ctx.partner(e, "transfer", t)
-            line += [fmt_with_n(te.stat(m), n) if te else MISSING for m in ("clean", ctx.fgsm)]
+            line.append(" / ".join(pct(te.stat(m).mean) for m in ("clean", metric)) if te else MISSING)
         line.append(ctx.flag([e]))
         body.append(line)
-    return [*_heading(f"## In-domain: probe on {table.dataset}", table), _table_md(heads, body, align), ""]
+    heading = _heading(f"## In-domain: probe on {table.dataset}", table, table.rank_label)
+    return [*heading, _table_md(heads, body, align), "", *_caption(ctx, table)]
 
 
 def _table_transfer(ctx: Context, table: Table) -> list[str]:
     group = sorted(table.entries, key=lambda e: e.rank)
     sources = join(e.recipe.pretrain_dataset for e in group)
     differs = _show_differs(group)
+    metric, headline = table.rank_metric, _headline_cols(ctx, table)
     heads, align = _ident_headers(ctx, "transfer", differs)
-    strong = ctx.strong_cols
-    heads += ["n", "clean", f"FGSM@{ctx.eps_text}", f"PGD@{ctx.eps_text}", *(h for h, _ in strong)]
+    heads += ["n", "clean", f"{table.rank_label} ▼", *_delta_header(ctx, table), *(h for h, _ in headline)]
     heads.append("sanity")
-    align += ["right"] * (4 + len(strong)) + ["left"]
+    align += ["right"] * (len(heads) - len(align) - 1) + ["left"]
     body = []
     for e in group:
         n = len(e.runs)
-        stats = [fmt_with_n(e.stat(m), n) for m in ("clean", ctx.fgsm, ctx.pgd, *(m for _, m in strong))]
-        body.append([*_ident_cols(ctx, e, differs), str(n), *stats, ctx.flag([e])])
+        line = [*_ident_cols(ctx, e, differs), str(n), fmt_with_n(e.stat("clean"), n)]
+        line += [fmt_with_n(e.stat(metric), n), *_delta_cell(ctx, table, e)]
+        line += [fmt_with_n(e.stat(m), n) for _, m in headline]
+        body.append([*line, ctx.flag([e])])
     title = f"## Transfer: probe on {table.dataset} (encoders pretrained on {sources})"
-    return [*_heading(title, table), _table_md(heads, body, align), ""]
+    return [
+        *_heading(title, table, table.rank_label),
+        _table_md(heads, body, align),
+        "",
+        *_caption(ctx, table),
+    ]
 
 
 def _avg(cells: Mapping[str, Entry], metric: str) -> float | None:
@@ -118,41 +181,41 @@ def _avg(cells: Mapping[str, Entry], metric: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _table_shift(ctx: Context, table: Table) -> list[str]:
-    # ArCL-style: one column per shift variant (clean / FGSM means; spreads are in results.csv),
-    # ranked by FGSM averaged over the variants a recipe was evaluated on.
-    shifts = distinct(e.shift or e.dataset for e in table.entries)
+def shift_ranking(table: Table) -> list[tuple[Recipe, dict[str, Entry]]]:
+    """A shift table's recipes with their variants, ranked by the ranking metric averaged over the
+    variants a recipe was evaluated on (ties: mean clean accuracy)."""
     by_recipe: dict[Recipe, dict[str, Entry]] = defaultdict(dict)
     for e in table.entries:
         by_recipe[e.recipe][e.shift or e.dataset] = e
 
     def key(item: tuple[Recipe, dict[str, Entry]]) -> tuple:
-        f, c = _avg(item[1], ctx.fgsm), _avg(item[1], "clean")
-        return (f is None, -(f or 0.0), c is None, -(c or 0.0), item[0].label(), item[0].recipe_id)
+        f, c = _avg(item[1], table.rank_metric), _avg(item[1], "clean")
+        return (f is None, -tie(f), c is None, -tie(c), item[0].label(), item[0].recipe_id)
 
+    return sorted(by_recipe.items(), key=key)
+
+
+def _table_shift(ctx: Context, table: Table) -> list[str]:
+    # ArCL-style: one column per shift variant (the ranking metric with its interval; clean
+    # accuracy per variant is in results.csv), ranked by the metric averaged over the variants
+    shifts = distinct(e.shift or e.dataset for e in table.entries)
+    metric = table.rank_metric
     differs = _show_differs(table.entries)
     heads, align = _ident_headers(ctx, "shift", differs)
-    heads += ["n", *shifts, f"mean FGSM@{ctx.eps_text}", "sanity"]
-    align += ["right"] * (len(shifts) + 2) + ["left"]
+    heads += ["n", *shifts, "mean clean", f"mean {table.rank_label} ▼", "sanity"]
+    align += ["right"] * (len(shifts) + 3) + ["left"]
     body = []
-    for rank, (_, cells) in enumerate(sorted(by_recipe.items(), key=key), 1):
+    for rank, (_, cells) in enumerate(shift_ranking(table), 1):
         ident = _ident_cols(ctx, next(iter(cells.values())), differs)
         ident[0] = str(rank)
-        line = [*ident, str(max(len(c.runs) for c in cells.values()))]
-        for s in shifts:
-            c = cells.get(s)
-            line.append(_pair(c.stat("clean"), c.stat(ctx.fgsm)) if c else MISSING)
-        mean_f = _avg(cells, ctx.fgsm)
-        line += [MISSING if mean_f is None else f"{100 * mean_f:.2f}", ctx.flag(list(cells.values()))]
+        n = max(len(c.runs) for c in cells.values())
+        line = [*ident, str(n)]
+        line += [fmt_with_n(cells[s].stat(metric), n) if s in cells else MISSING for s in shifts]
+        line += [pct(_avg(cells, "clean")), pct(_avg(cells, metric)), ctx.flag(list(cells.values()))]
         body.append(line)
-    what = f"cells: clean / FGSM@{ctx.eps_text}, mean over seeds"
-    title = f"## Shift: probe on shifted {table.dataset} ({what})"
-    return [*_heading(title, table), _table_md(heads, body, align), ""]
-
-
-def _pair(clean: Stat, fgsm: Stat) -> str:
-    fmt = [MISSING if s.mean is None else f"{100 * s.mean:.2f}" for s in (clean, fgsm)]
-    return " / ".join(fmt)
+    what = f"{table.rank_label} averaged over the variants"
+    title = f"## Shift: probe on shifted {table.dataset} (cells: {table.rank_label} per variant)"
+    return [*_heading(title, table, what), _table_md(heads, body, align), "", *_caption(ctx, table)]
 
 
 TABLES: dict[str, Callable[[Context, Table], list[str]]] = {
@@ -195,24 +258,83 @@ def legend(ctx: Context, command: str | None, dropped: int) -> tuple[str, list[t
         ("Software", f"{pkg}; devices: {join(p['devices'])}."),
         (
             "Numbers",
-            "accuracy in %, mean ± sample standard deviation (ddof = 1) over the n seeds of a recipe (one "
-            "seed = one trained checkpoint × evaluation seed); `± –` means a single seed, `(n=k)` a metric "
-            "measured on fewer seeds than the recipe has, `–` not measured.",
+            "accuracy in %, the mean over the n seeds of a recipe (one seed = one trained checkpoint × "
+            "evaluation seed) with its 95 % interval in brackets: a Student-t interval over the seeds where "
+            "n ≥ 2, a Wilson score interval over the test examples where n = 1 (it covers which test "
+            "examples were drawn, not how a second training run would differ). `(n=k)`: a metric measured "
+            "on fewer seeds than the recipe has; `–`: not measured. Standard deviations are in results.csv.",
         ),
         (
             "ε",
             f"in [0,1] pixel units, L∞; the headline ε = {ctx.headline_eps:g} is "
             f"{eps_label(ctx.headline_eps)}. FGSM and PGD{f' ({pgd})' if pgd else ''} attack the encoder and "
-            "its linear probe end to end.",
+            "its linear probe end to end; the worst case counts an example as robust only if every attack "
+            "of the suite failed on it at that ε or a smaller one.",
         ),
-        (
-            "Ranking",
-            f"by FGSM@{ctx.headline_eps:g}, ties by clean accuracy (shift: FGSM averaged over the shift "
-            "variants).",
-        ),
+        ("Ranking", _ranking_text(ctx)),
+        *_comparison_items(ctx),
         *_optional_items(ctx, dropped),
     ]
     return lead, items
+
+
+def _ranking_text(ctx: Context) -> str:
+    labels = join((t.rank_label for t in ctx.tables), "clean")
+    if ctx.rank_by:
+        how = f"chosen with `--rank-by {ctx.rank_by}`"
+    else:
+        how = (
+            "by default: the worst case at the largest ε the table's suite measured, FGSM there for rows "
+            "without worst-case rows. At the headline ε "
+            f"({eps_label(ctx.headline_eps)}) robust accuracy stays within a few examples of clean accuracy "
+            "on small images, so a ranking there would be a clean-accuracy ranking. `--rank-by ATTACK@EPS` "
+            "(e.g. `fgsm@0.002`, `pgd@8/255`) or `--rank-by clean` ranks by another column"
+        )
+    return (
+        f"each table by the metric named in its heading and marked ▼ (here {labels}; {how}); ties by "
+        "clean accuracy. Shift tables rank by the metric averaged over their variants."
+    )
+
+
+def _comparison_items(ctx: Context) -> list[tuple[str, str]]:
+    """The Δ column and what the differences can and cannot show."""
+    items = []
+    if ctx.baselines:
+        items.append(
+            (
+                f"Δ vs {ctx.baseline_family} (p)",
+                f"the ranking metric minus {ctx.baseline_family}'s, in points, measured on the same test "
+                f"examples, run s paired with {ctx.baseline_family}'s run s by seed; p: McNemar's exact test "
+                "on the examples the two classify differently (pooled over seed pairs), Holm-adjusted over "
+                "the comparisons of the table. The difference's 95 % interval and the raw p are in "
+                "results.csv; `robustbench-nacl compare` tests every attack and ε. A large p does not show "
+                "that two recipes are equal.",
+            )
+        )
+    items.append(("What the differences can and cannot show", _limits_text(ctx)))
+    items += [("Comparisons", note) for note in ctx.compare_notes]
+    return items
+
+
+def _limits_text(ctx: Context) -> str:
+    ns = distinct(e.n_examples for e in ctx.entries if e.n_examples)
+    one = f" (one example = {100 / min(ns):.2f} points)" if ns else ""
+    seeds = distinct(len(e.runs) for e in ctx.entries)
+    runs = f"{'–'.join(map(str, sorted({seeds[0], seeds[-1]})))} seed{'' if seeds == [1] else 's'} per recipe"
+    single = (
+        " Where a recipe has a single seed (n = 1), its intervals and tests cover the choice of test "
+        "examples only, not the variation between training runs: a difference between two single "
+        "checkpoints can vanish with a second seed."
+        if 1 in seeds
+        else ""
+    )
+    return (
+        f"every number comes from the first {join(ns, '?')} test examples{one} and {runs}. A difference "
+        "whose interval excludes 0, or a small p, shows that on these test examples and seeds one recipe "
+        "keeps more examples correct than the other beyond chance. It cannot show that the difference "
+        f"carries over to another dataset, architecture, training length or attack.{single} Ranks whose "
+        "intervals overlap are not evidence of an order."
+    )
 
 
 def _optional_items(ctx: Context, dropped: int) -> list[tuple[str, str]]:
@@ -246,6 +368,7 @@ def _optional_items(ctx: Context, dropped: int) -> list[tuple[str, str]]:
                 "versions) are never ranked together: such tables are separate, headed by what differs.",
             )
         )
+    items += [("Left out", notice) for notice in ctx.left_out]
     if dropped:
         items.append(
             (
@@ -273,6 +396,7 @@ def render_markdown(
         for table in (t for t in ctx.tables if t.setting == setting):
             before = len(ctx.notes)
             md += TABLES[setting](ctx, table)
+            md += _no_p_note(ctx, table)
             if len(ctx.notes) > before:
                 md += [f"- ⚠ {i}: {ctx.notes[i - 1]}" for i in range(before + 1, len(ctx.notes) + 1)]
                 md.append("")
