@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import plugins
 from .errors import UserError
 from .io import check_writable_dir, refuse_reference_dir
 from .registry import Registry
@@ -162,6 +163,7 @@ def _preset_entries(name: str | None, overrides: list[str] | None) -> list[dict[
     for n in [name] if name else PRESETS.names():
         preset = PRESETS.get(n)
         p = resolve(n, overrides) if name else preset.params
+        plugin = plugins.plugin_of(preset.module)
         entries.append(
             {
                 "name": n,
@@ -170,15 +172,29 @@ def _preset_entries(name: str | None, overrides: list[str] | None) -> list[dict[
                 "paper": preset.paper,
                 "description": preset.description,
                 "grid": preset.grid,
+                "module": preset.module,  # None: built in
+                "plugin": plugin.record() if plugin is not None else None,
             }
         )
     return entries
 
 
+def _loss_source(entry: dict[str, Any]) -> str:
+    """The "source" column: the paper, and for a plugin its module, version and sha256 prefix."""
+    plugin = entry.get("plugin")
+    if not plugin:
+        return entry["paper"] if not entry.get("module") else f"{entry['paper']} ({entry['module']})".strip()
+    where = plugin["module"] + (f" {plugin['version']}" if plugin.get("version") else "")
+    sha = f" sha256 {plugin['sha256'][:12]}" if plugin.get("sha256") else ""
+    return f"{entry['paper']} (plugin {where}{sha})".strip()
+
+
 def _nacl_term(p: dict[str, Any]) -> str:
     """The L_NaCl column: the aggregator of the positives, as the paper names it."""
-    if p["objective"] != "contrastive":
+    if p["objective"] == "supervised":
         return "CE"
+    if p["objective"] != "contrastive":  # a plugin's objective: its own loss
+        return p["objective"]
     if p["positives"] != "nca":
         return {"worst_pair": "ArCL"}.get(p["positives"], p["positives"].upper())
     return "NCA+MIXNCA" if p["combine"] else ("MIXNCA" if p["lam"] is not None else "NCA")
@@ -209,7 +225,12 @@ def run_losses(args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=2))
         return 0
     rows = [
-        [e["name"], _nacl_term(e["params"]), *(cell(e["params"]) for _, cell in _LOSS_COLUMNS), e["paper"]]
+        [
+            e["name"],
+            _nacl_term(e["params"]),
+            *(cell(e["params"]) for _, cell in _LOSS_COLUMNS),
+            _loss_source(e),
+        ]
         for e in entries
     ]
     headers = ["preset", "L_NaCl", *(h for h, _ in _LOSS_COLUMNS), "source"]
@@ -234,10 +255,19 @@ def _losses_args(p: argparse.ArgumentParser) -> None:
 def run_encoders(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from .models.encoders import ENCODERS
+    from .models.encoders import ENCODERS, TIMM_PREFIX
 
-    rows = [[n, ENCODERS.info(n).get("description", "")] for n in ENCODERS.names()]
-    print(tabulate(rows, headers=["encoder", "description"], tablefmt="github"))
+    rows = []
+    for n in ENCODERS.names():
+        info = ENCODERS.info(n)
+        plugin = plugins.plugin_of(info.get("module"))
+        source = f"plugin {plugin.module}" if plugin is not None else "built in"
+        rows.append([n, info.get("description", ""), source])
+    print(tabulate(rows, headers=["encoder", "description", "source"], tablefmt="github"))
+    print(
+        f"\n{TIMM_PREFIX}NAME: any timm.list_models() network (timm.create_model(NAME, num_classes=0)), "
+        "after pip install 'robustbench-nacl[timm]'"
+    )
     return 0
 
 
@@ -271,7 +301,7 @@ def _datasets_args(p: argparse.ArgumentParser) -> None:
 _TRAIN_SPECIAL = ("loss", "overrides", "encoder_kwargs")
 _TRAIN_HELP = {
     "dataset": "dataset spec, e.g. digits, cifar100, digits:0-4",
-    "encoder": "encoder (see `robustbench-nacl encoders`)",
+    "encoder": "encoder (see `robustbench-nacl encoders`; or timm:NAME)",
     "epochs": "training epochs",
     "batch_size": "images per batch (each gives its views)",
     "lr": "Adam learning rate (constant: no schedule)",
@@ -311,9 +341,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 @command("train", "train one encoder with one loss preset")
 def _train_args(p: argparse.ArgumentParser) -> None:
+    from .losses import PRESETS
     from .training import TrainConfig
 
-    p.add_argument("--loss", required=True, help="loss preset (see `robustbench-nacl losses`)")
+    # built after the plugins are loaded: their presets are named here too
+    names = ", ".join(PRESETS.names())
+    p.add_argument("--loss", required=True, help=f"loss preset: {names} (see `robustbench-nacl losses`)")
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a loss parameter, e.g. --set M=5"
     )
@@ -458,23 +491,89 @@ def run_leaderboard(args: argparse.Namespace) -> int:
     from .report.leaderboard import main_leaderboard
 
     refuse_reference_dir(args.out)
-    files = main_leaderboard(args.rows, args.out, headline_eps=args.headline_eps, command=_command_line(args))
+    files = main_leaderboard(
+        args.rows,
+        args.out,
+        headline_eps=args.headline_eps,
+        command=_command_line(args),
+        rank_by=args.rank_by,
+        baseline=args.baseline,
+        baseline_recipe=args.baseline_recipe,
+        notify=lambda notice: print(notice, file=sys.stderr),
+    )
     for name, path in files.items():
         print(f"{name}: {path}")
     return 0
+
+
+class _AppendOrDefault(argparse.Action):
+    """``action="append"`` whose default list is replaced, not extended, by the first value given."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, ns: argparse.Namespace, value: Any, opt: Any = None
+    ) -> None:
+        current = getattr(ns, self.dest)
+        setattr(ns, self.dest, [*(current if current is not self.default else []), value])
+
+
+def _baseline_flags(p: argparse.ArgumentParser, default: str | None) -> None:
+    p.add_argument(
+        "--baseline",
+        default=default,
+        help="loss family every recipe is compared with"
+        + (" (default: %(default)s)" if default else " (default: simclr where present; none: no column)"),
+    )
+    p.add_argument(
+        "--baseline-recipe",
+        default=None,
+        metavar="RECIPE_ID",
+        help="which recipe of the baseline family, when it has several (a recipe id prefix)",
+    )
 
 
 @command("leaderboard", "render LEADERBOARD.md, CSV/JSON, the paper's plots and index.html from result rows")
 def _leaderboard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rows",
-        default=str(DEFAULT_RESULTS),
-        help="directory of result rows: the --out of `eval` (default: %(default)s)",
+        action=_AppendOrDefault,
+        default=[str(DEFAULT_RESULTS)],
+        metavar="DIR",
+        help="directory of result rows: the --out of `eval`; repeat it to rank your rows (the first) "
+        f"beside reference rows (default: {DEFAULT_RESULTS})",
     )
     p.add_argument(
         "--out", default=str(DEFAULT_RESULTS), help="where to write the leaderboard (default: %(default)s)"
     )
     p.add_argument("--headline-eps", type=float, default=0.002, help="epsilon of the headline robust columns")
+    p.add_argument(
+        "--rank-by",
+        default=None,
+        metavar="METRIC",
+        help="clean or ATTACK@EPS, e.g. worst_case@max, fgsm@0.002, pgd@8/255 "
+        "(default: the worst case at the suite's largest epsilon)",
+    )
+    _baseline_flags(p, None)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from .report.compare import main_compare
+
+    text = main_compare(args.rows, args.baseline, baseline_recipe=args.baseline_recipe, as_json=args.json)
+    print(text, end="" if text.endswith("\n") else "\n")
+    return 0
+
+
+@command("compare", "every recipe against a baseline on the same test examples: difference, interval, p")
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        default=[str(DEFAULT_RESULTS)],
+        metavar="DIR",
+        help="directories of result rows (default: %(default)s)",
+    )
+    _baseline_flags(p, "simclr")
+    p.add_argument("--json", action="store_true", help="print the comparisons as JSON")
 
 
 def _zoo_list(args: argparse.Namespace) -> int:
@@ -607,39 +706,77 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+PLUGIN_HELP = (
+    "load a plugin before the command runs: a dotted module name or the path of a .py file "
+    "(repeatable; see examples/README.md)"
+)
+
+
+def _add_plugin_flag(p: argparse.ArgumentParser, dest: str = "plugin") -> None:
+    p.add_argument("--plugin", action="append", default=[], dest=dest, metavar="MODULE", help=PLUGIN_HELP)
+
+
+def plugin_specs(argv: list[str]) -> list[str]:
+    """The ``--plugin`` values of a command line, wherever they stand (read before the parsers are
+    built, so that plugin losses and encoders are registered when their help and checks are made)."""
+    pre = _Parser(prog="robustbench-nacl", add_help=False, allow_abbrev=False)
+    _add_plugin_flag(pre)
+    known, _ = pre.parse_known_args(argv)
+    return list(known.plugin)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one subparser per registered command."""
+    """The top-level parser with one subparser per registered command, each taking ``--plugin``."""
     parser = _Parser(
         prog="robustbench-nacl",
         description="Adversarial-robustness benchmark and model zoo for contrastive encoders.",
     )
+    _add_plugin_flag(parser, dest="plugin_top")  # `robustbench-nacl --plugin X COMMAND` works too
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS.names():
         add_args, _ = COMMANDS.get(name)
-        add_args(
-            sub.add_parser(name, help=COMMANDS.info(name)["help"], description=COMMANDS.info(name)["help"])
-        )
+        p = sub.add_parser(name, help=COMMANDS.info(name)["help"], description=COMMANDS.info(name)["help"])
+        add_args(p)
+        _add_plugin_flag(p)
     return parser
 
 
+def _command_of(argv: list[str]) -> str:
+    """The command named on a command line (for error messages before it is parsed), or ''."""
+    return next((a for a in argv if a in COMMANDS), "")
+
+
+def _fail(command: str, message: str, code: int = 2) -> int:
+    where = f"robustbench-nacl {command}" if command else "robustbench-nacl"
+    print(f"{where}: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 2 user error, 3 non-finite loss, 130 interrupted)."""
-    parser = build_parser()
+    """Run the CLI; returns the exit code (0 ok, 2 user error, 3 non-finite loss, 130 interrupted).
+
+    Plugins (``--plugin``, ``$ROBUSTBENCH_NACL_PLUGINS``, installed entry points) load first; one
+    that fails to import or registers a name that exists is one line and exit code 2.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        plugins.load_plugins(plugin_specs(argv))
+    except UserError as e:
+        return _fail(_command_of(argv), str(e), e.exit_code)
+    parser = build_parser()
     args = parser.parse_args(argv)
     args._argv = argv  # for the provenance line of what a command writes (no absolute paths)
     _, runner = COMMANDS.get(args.command)
     try:
+        # the parsed values again (a no-op for those loaded above): an abbreviated --plug also counts
+        plugins.load_plugins([*args.plugin_top, *args.plugin], entry_points=False)
         return runner(args)
     except UserError as e:
-        print(f"robustbench-nacl {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return e.exit_code
+        return _fail(args.command, str(e), e.exit_code)
     except OSError as e:
         # the environment failed us (disk full, read-only or vanished directory): one line, not a traceback
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-        reason = " ".join(str(e.strerror or e).split())
-        print(f"robustbench-nacl {args.command}: error: {where}{reason}", file=sys.stderr)
-        return 2
+        return _fail(args.command, f"{where}{e.strerror or e}")
     except KeyboardInterrupt:
         print(f"robustbench-nacl {args.command}: interrupted", file=sys.stderr)
         return 130

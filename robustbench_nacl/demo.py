@@ -114,7 +114,12 @@ def _init_worker() -> None:
     # Tiny models: one thread per worker process beats two contended threads per process.
     import torch
 
+    from . import plugins
+
     torch.set_num_threads(1)
+    # the parent's plugins (ROBUSTBENCH_NACL_PLUGINS, and the installed entry points): a spawned
+    # worker has not imported them, and a forked one finds them loaded (a no-op)
+    plugins.load_plugins()
 
 
 def _train_job(entry: ZooEntry, ckpts: str, plan: DemoPlan, device: str) -> str:

@@ -42,12 +42,16 @@ class Registry(Generic[T]):
         self._info: dict[str, dict[str, Any]] = {}
 
     def register(self, name: str | None = None, **info: Any) -> Callable[[T], T]:
-        """Decorator: ``@REG.register("name", key=value)``; the name defaults to the object's ``__name__``."""
+        """Decorator: ``@REG.register("name", key=value)``; the name defaults to the object's ``__name__``.
+
+        A name that is already registered is a one-line :class:`UserError`.
+        """
 
         def deco(obj: T) -> T:
             key = name or obj.__name__  # type: ignore[attr-defined]
             if key in self._items:
-                raise ValueError(f"{self.kind} {key!r} registered twice")
+                # a plugin naming a built-in (or another plugin's) name: one line, exit 2
+                raise UserError(f"{self.kind} {key!r} is already registered; choose another name")
             self._items[key] = obj
             self._info[key] = dict(info)
             return obj

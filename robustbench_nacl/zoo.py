@@ -92,7 +92,7 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
     """Validate one manifest; every problem is a one-line UserError naming the file and the field."""
     from .data.datasets import parse_spec
     from .losses import resolve
-    from .models.encoders import ENCODERS
+    from .models.encoders import check_encoder
 
     def bad(msg: str) -> UserError:  # values from the file may hold newlines: the error stays one line
         return UserError(" ".join(f"zoo manifest {source}: {msg}".split()))
@@ -147,7 +147,7 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         if v is not None and not isinstance(v, str | int | float | bool):
             raise bad(f"overrides.{k} must be a number, string, boolean or null, not {type(v).__name__}")
     try:
-        ENCODERS.get(data["encoder"])
+        check_encoder(data["encoder"])  # a registered (or plugin) encoder, or timm:NAME
         resolve(data["loss"], dict(data.get("overrides", {})))
         parse_spec(data["dataset"])
     except UserError as e:

@@ -126,7 +126,7 @@ def test_default_output_folders_are_under_robustbench_out() -> None:
     parser = cli_module.build_parser()
     outs = {
         "eval --out": parser.parse_args(["eval", "ckpt"]).out,
-        "leaderboard --rows": parser.parse_args(["leaderboard"]).rows,
+        "leaderboard --rows": parser.parse_args(["leaderboard"]).rows[0],
         "leaderboard --out": parser.parse_args(["leaderboard"]).out,
         "zoo --out": parser.parse_args(["zoo", "verify"]).out,
         "demo --out": parser.parse_args(["demo"]).out,
@@ -136,6 +136,9 @@ def test_default_output_folders_are_under_robustbench_out() -> None:
         assert Path(out).parts[0] == "robustbench_out", (what, out)
     # eval writes where leaderboard reads: the two commands chain with no flags
     assert outs["eval --out"] == outs["leaderboard --rows"]
+    assert parser.parse_args(["leaderboard"]).rows == [outs["eval --out"]]
+    # --rows given replaces the default folder (it is not ranked beside it), and repeats
+    assert parser.parse_args(["leaderboard", "--rows", "a", "--rows", "b"]).rows == ["a", "b"]
 
 
 def test_default_output_folders_are_ignored_by_git() -> None:

@@ -62,7 +62,10 @@ def clean_registries(monkeypatch):
     saved = [(r, dict(r._items), dict(r._info)) for r in REGISTRIES]
     loaded = dict(plugins._LOADED)
     modules = set(sys.modules)
-    monkeypatch.delenv(plugins.ENV_VAR, raising=False)
+    # setenv first: delenv alone records nothing when the variable is absent, and load_plugins'
+    # export would then outlive the test (and reach every later CLI subprocess)
+    monkeypatch.setenv(plugins.ENV_VAR, "")
+    monkeypatch.delenv(plugins.ENV_VAR)
     yield
     for r, items, info in saved:
         r._items.clear(), r._items.update(items)
@@ -523,3 +526,84 @@ def test_example_dcl_through_the_objective_and_set() -> None:
         ref = dcl_by_the_formula(model(views[0]), model(views[1]), 0.3, 1.0)
     torch.testing.assert_close(loss.detach(), ref, rtol=1e-6, atol=1e-9)
     assert PRESETS.get("dcl_decoupled").paper.startswith("Yeh et al., ECCV 2022")
+
+
+# ============ plugin identity: manifests, training configurations, rows ============
+
+
+def test_registering_an_attack_twice_is_a_user_error_saying_so() -> None:
+    # Registry.register raised a bare ValueError ("registered twice"): a traceback, not one line
+    with pytest.raises(UserError, match="attack 'pgd' is already registered; choose another name"):
+        ATTACKS.register("pgd", norms=("Linf",), params={}, family="iterative")(lambda *a, **k: None)
+    with pytest.raises(UserError, match="dataset 'digits' is already registered"):
+        DATASETS.add("digits", lambda root, split, download: None)
+
+
+def test_the_plugins_providing_loss_and_encoder_enter_the_training_configuration(tmp_path: Path) -> None:
+    plugin = plugins.load_plugin(str(write(tmp_path / "my_plugin.py", PLUGIN)))
+    record = plugin.record()
+    assert record["sha256"] == sha256_bytes((tmp_path / "my_plugin.py").read_bytes())
+    base = TrainConfig(loss="simclr", encoder="convnet_small", dataset="digits:0-4")
+    # built-in loss and encoder: no "plugins" key, so the hashes of runs without plugins are unchanged
+    assert "plugins" not in training_config(base)
+    for cfg in (
+        dataclasses.replace(base, loss="toy_ntxent"),
+        dataclasses.replace(base, encoder="toy_cnn"),
+        dataclasses.replace(base, loss="toy_ntxent", encoder="toy_cnn"),
+    ):
+        assert training_config(cfg)["plugins"] == [record]
+    # the same configuration with another version of the plugin is another recipe
+    other = dataclasses.replace(plugin, sha256="0" * 64)
+    plugins._LOADED[plugin.module] = other
+    cfg = dataclasses.replace(base, loss="toy_ntxent")
+    changed = training_config(cfg)
+    plugins._LOADED[plugin.module] = plugin
+    assert changed["plugins"] == [other.record()]
+    assert config_sha256(changed) != config_sha256(training_config(cfg))
+
+
+def test_a_preset_registered_outside_a_plugin_adds_no_plugin_record() -> None:
+    _spy_loss([])  # registered by this test module, which is not a loaded plugin
+    cfg = TrainConfig(loss="spy", encoder="convnet_small", dataset="digits:0-4")
+    assert "plugins" not in training_config(cfg)
+
+
+def test_manifest_and_rows_record_the_plugins(tmp_path: Path) -> None:
+    from robustbench_nacl.eval.evaluate import evaluate
+    from robustbench_nacl.eval.probe import ProbeConfig
+
+    plugin = plugins.load_plugin(str(write(tmp_path / "my_plugin.py", PLUGIN)))
+    cfg = TrainConfig(
+        loss="toy_ntxent",
+        encoder="toy_cnn",
+        encoder_kwargs={"width": 4},
+        dataset="digits:0-4",
+        epochs=1,
+        batch_size=64,
+        max_train=128,
+        knn_every=0,
+    )
+    out = train(cfg, tmp_path / "run", progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["plugins"] == [plugin.record()]
+    assert manifest["training_config"]["plugins"] == [plugin.record()]
+    rows = evaluate(
+        out, suite="quick", n_examples=20, probe=ProbeConfig(epochs=5), out=tmp_path / "ev", progress=False
+    )
+    for r in rows:
+        assert r["plugins"] == [plugin.record()]
+        assert r["recipe"]["config"]["plugins"] == [plugin.record()]
+        assert r["key_params"] == "scale=1.0 square=False"  # the plugin's own parameters (t is SimCLR's)
+
+
+def test_an_attack_from_a_plugin_is_part_of_the_protocol(tmp_path: Path) -> None:
+    from robustbench_nacl.attack.suites import load_suite
+    from robustbench_nacl.eval.evaluate import attack_versions
+
+    readme = (ROOT / "examples" / "README.md").read_text()
+    block = readme.split("## Attacks and datasets", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    plugin = plugins.load_plugin(str(write(tmp_path / "readme_example.py", block)))
+    corner = {"name": "random_corner", "norm": "Linf", "eps": [0.1]}
+    suite = load_suite({"name": "corner", "attack": [corner]})
+    assert attack_versions(suite)[plugin.module] == f"file sha256:{plugin.sha256}"
+    assert list(attack_versions(load_suite("quick"))) == ["robustbench_nacl"]  # built-in attacks only

@@ -147,6 +147,22 @@ def test_default_id_differs_when_one_setting_that_changes_the_weights_does() -> 
     assert run_id(dataclasses.replace(base, id="mine")) == "mine"
 
 
+def test_a_timm_encoder_id_is_a_file_name_and_its_identity_names_timm() -> None:
+    import importlib.metadata
+
+    try:
+        timm_version = importlib.metadata.version("timm")
+    except importlib.metadata.PackageNotFoundError:  # the id needs no timm; the identity says so
+        timm_version = "not installed"
+    cfg = TrainConfig(loss="simclr", encoder="timm:resnet18", dataset="digits:0-4")
+    rid = run_id(cfg)
+    # the id is the run's folder name: "timm:resnet18" must not put a ':' into it
+    assert rid.startswith("timm-resnet18.simclr_digits-0-4_s0_") and ":" not in rid
+    assert training_config(cfg)["timm"] == timm_version
+    # a built-in encoder's configuration (and so every existing id and hash) has no such key
+    assert "timm" not in training_config(dataclasses.replace(cfg, encoder="convnet_small"))
+
+
 def test_recipe_hash_is_the_configuration_hash_without_the_seed() -> None:
     seeds = [training_config(TrainConfig(loss="simclr", seed=s, **TINY)) for s in (0, 1)]
     wider = training_config(TrainConfig(loss="simclr", **{**TINY, "encoder_kwargs": {"width": 16}}))
@@ -238,6 +254,8 @@ def test_resume_handles_what_a_kill_can_leave(tmp_path: Path) -> None:
         ("epochs", 0, "--epochs 0"),
         ("batch_size", 1, "--batch-size 1"),
         ("max_train", 1, "--max-train 1"),
+        # an unknown encoder used to surface only after the data was loaded (in build_model)
+        ("encoder", "convnet_smal", "unknown encoder 'convnet_smal' \\(did you mean 'convnet_small'"),
     ],
 )
 def test_settings_are_validated_before_loading_data(

@@ -16,7 +16,7 @@ import datetime as dt
 import importlib.metadata
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +26,15 @@ from safetensors.torch import save as st_save
 from torch import nn
 from tqdm.auto import tqdm
 
+from .. import plugins
+from ..attack.attacks import ATTACKS
 from ..attack.suites import Suite, load_suite
-from ..data.datasets import ImageData, canonical_spec, load_dataset, parse_spec
+from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, parse_spec
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
 from ..models.encoders import create_encoder
-from ..models.foreign import load_encoder
+from ..models.foreign import NORMALIZATIONS, load_encoder
+from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
 from . import rows as results
 from .benchmark import WORST_CASE, benchmark
@@ -77,6 +80,10 @@ def key_params(loss_params: dict[str, Any] | None) -> str:
     parts = [
         f"{k}={loss_params[k]}" for k in KEY_PARAMS if k in loss_params and loss_params[k] != default.get(k)
     ]
+    # a plugin loss's own parameters (SimCLR has none, so every one is shown)
+    extra = loss_params.get("extra") or {}
+    pairs = extra.items() if isinstance(extra, dict) else (tuple(kv) for kv in extra)
+    parts += [f"{k}={v}" for k, v in pairs]
     return " ".join(parts)
 
 
@@ -130,6 +137,13 @@ def attack_versions(suite: Suite) -> dict[str, str]:
                 out[pkg] = importlib.metadata.version(pkg)
             except importlib.metadata.PackageNotFoundError:
                 out[pkg] = "not installed"
+        plugin = (
+            plugins.plugin_of(getattr(ATTACKS.get(spec.name), "__module__", None))
+            if spec.name in ATTACKS
+            else None
+        )
+        if plugin is not None:  # an attack from a plugin: its code is part of the protocol
+            out[plugin.module] = f"{plugin.version or 'file'} sha256:{plugin.sha256}"
     return out
 
 
@@ -152,6 +166,13 @@ def recipe_of(info: dict[str, Any], *, encoder: nn.Module, control: bool) -> dic
             "mean": encoder.mean.flatten().tolist(),
             "std": encoder.std.flatten().tolist(),
             "pretrain_dataset": canonical_spec(pretrain) if pretrain else None,
+        }
+    if info.get("format") == IN_MEMORY:
+        return {
+            "kind": "module",
+            "class": info["module_class"],
+            "state_dict_sha256": info["module_sha256"],
+            "normalize": info["normalize"],
         }
     training, config = info.get("training_config"), info.get("config")
     if info.get("format", "ours") != "ours" or not isinstance(training or config, dict):
@@ -242,7 +263,7 @@ class _Job:
 
 
 def evaluate(
-    checkpoint: str | Path,
+    checkpoint: str | Path | nn.Module,
     *,
     dataset: str | None = None,
     transfer: str | Iterable[str] | None = None,
@@ -255,33 +276,39 @@ def evaluate(
     probe: ProbeConfig | None = None,
     arch: str | None = None,
     fmt: str = "auto",
-    normalize: str | None = None,
+    normalize: str | tuple[Sequence[float], Sequence[float]] | None = None,
     control: bool = False,
     force: bool = False,
     batch_size: int | None = None,
     data_root: str | None = None,
     progress: bool = True,
+    name: str | None = None,
 ) -> Evaluation:
-    """Probe and attack an encoder checkpoint in every requested setting; returns the result rows.
+    """Probe and attack an encoder in every requested setting; returns the result rows.
 
-    ``checkpoint`` is a directory written by ``train``, its manifest.json, or a foreign weights file
-    (with ``arch``). ``control=True`` evaluates an untrained encoder of the same architecture instead
-    (the random-initialisation control). Rows are written under ``out/rows/``; the returned list's
-    ``summary`` says in one line how many were computed and how many already existed.
-    ``probe.seed`` None (the default) means the evaluation ``seed``.
+    ``checkpoint`` is a directory written by ``train``, its manifest.json, a foreign weights file
+    (with ``arch``), or an ``nn.Module`` mapping images in [0,1] to features (see
+    :func:`in_memory_encoder`: ``dataset`` is then required, ``name`` labels its rows and
+    ``normalize`` puts an input normalisation in front of it). ``control=True`` evaluates an
+    untrained encoder of the same architecture instead (the random-initialisation control). Rows are
+    written under ``out/rows/``; the returned list's ``summary`` says in one line how many were
+    computed and how many already existed. ``probe.seed`` None (the default) means the evaluation
+    ``seed``.
     """
     _check_args(n_examples, batch_size, probe)
     refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(device)
     loaded_suite = load_suite(suite)
-    encoder, info = load_encoder(checkpoint, arch=arch, fmt=fmt, normalize=normalize)
+    encoder, info = _load_source(checkpoint, dataset, arch=arch, fmt=fmt, normalize=normalize, name=name)
+    if control and info["format"] == IN_MEMORY:
+        raise UserError("control=True needs a checkpoint: an in-memory module has no architecture to rebuild")
     dataset = dataset or info.get("dataset")
     if not dataset:
         raise UserError("pass --dataset: a foreign checkpoint does not say what it was trained on")
     probe = probe or ProbeConfig()
     probe = dataclasses.replace(probe, seed=seed if probe.seed is None else probe.seed)
     encoder, base = _checkpoint_fields(
-        checkpoint, encoder.to(dev).eval(), info, control=control, seed=seed, dataset=dataset
+        info["source"], encoder.to(dev).eval(), info, control=control, seed=seed, dataset=dataset
     )
     kw = {"sha": base["checkpoint_sha256"], "seed": seed, "n_examples": n_examples, "probe": probe}
     kw["attack_versions"] = attack_versions(loaded_suite)
@@ -305,6 +332,116 @@ def evaluate(
     return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
 
 
+def _load_source(
+    checkpoint: str | Path | nn.Module,
+    dataset: str | None,
+    *,
+    arch: str | None,
+    fmt: str,
+    normalize: Any,
+    name: str | None,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """(encoder, info) of a checkpoint on disk or an in-memory module; ``info["source"]`` names it."""
+    if isinstance(checkpoint, nn.Module):
+        if arch is not None or fmt != "auto":
+            raise UserError("arch and fmt describe a checkpoint file; an in-memory module takes neither")
+        return in_memory_encoder(checkpoint, dataset, name=name, normalize=normalize)
+    if name is not None:
+        raise UserError("name= labels an in-memory module; a checkpoint is named by its manifest or file")
+    if normalize is not None and not isinstance(normalize, str):
+        raise UserError("normalize= for a checkpoint file is a name: cifar10 | half | imagenet | none")
+    encoder, info = load_encoder(checkpoint, arch=arch, fmt=fmt, normalize=normalize)
+    return encoder, {**info, "source": str(checkpoint)}
+
+
+# ============ in-memory modules ============
+
+#: ``info["format"]`` (and the rows' ``checkpoint_format``) of an evaluated ``nn.Module``
+IN_MEMORY = "module"
+
+
+class NormalizedModule(nn.Module):
+    """``module((x - mean) / std)``: an input normalisation in front of a user's module.
+
+    ``mean``/``std`` are buffers, so the state dict (and its sha256) covers them.
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, module: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.module = module
+        self.register_buffer("mean", torch.tensor([float(v) for v in mean]).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor([float(v) for v in std]).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module((x - self.mean) / self.std)
+
+
+def state_dict_sha256(module: nn.Module) -> str:
+    """sha256 of a module's state dict serialised as safetensors (the format checkpoints use)."""
+    # clones: safetensors refuses tensors that share storage (tied weights)
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
+    return sha256_bytes(st_save(state))
+
+
+def _normalization(normalize: Any, dataset: str) -> tuple[list[float], list[float]] | None:
+    """The (mean, std) ``normalize=`` names or gives, checked against the dataset's channels."""
+    if normalize is None:
+        return None
+    if isinstance(normalize, str):
+        if normalize not in NORMALIZATIONS:
+            raise unknown_choice("normalization", normalize, NORMALIZATIONS)
+        normalize = NORMALIZATIONS[normalize]
+    try:
+        mean, std = ([float(v) for v in part] for part in normalize)
+    except (TypeError, ValueError):
+        raise UserError("normalize= must be a name or a pair (mean, std) of per-channel numbers") from None
+    channels = int(DATASETS.info(parse_spec(dataset).name)["channels"])
+    for what, values in (("mean", mean), ("std", std)):
+        if len(values) not in (1, channels):
+            raise UserError(f"normalize {what} has {len(values)} values; {dataset} has {channels} channel(s)")
+    if min(std) <= 0:
+        raise UserError(f"normalize std must be positive, got {std}")
+    return mean, std
+
+
+def in_memory_encoder(
+    module: nn.Module, dataset: str | None, *, name: str | None = None, normalize: Any = None
+) -> tuple[nn.Module, dict[str, Any]]:
+    """(encoder, info) for evaluating ``module`` (images in [0,1] -> features) as it is in memory.
+
+    The module is copied, so evaluation never moves, converts or re-modes the caller's. ``normalize``
+    (a name such as ``"cifar10"``, or ``(mean, std)``) puts that normalisation in front of it.
+    Its rows name it ``name`` (default: the class name), as checkpoint id and loss family, and
+    record its class and the sha256 of its state dict; their recipe is (class, state dict sha256).
+    """
+    if not dataset:
+        raise UserError("evaluate(module, dataset=...): an in-memory module needs the dataset to probe on")
+    cls = type(module)
+    label = str(name or cls.__name__).strip()
+    if not label or any(c in label for c in "/\\:") or label.startswith("."):
+        raise UserError(f"name {label!r}: give a short label without path separators or ':'")
+    module_sha = state_dict_sha256(module)
+    encoder = copy.deepcopy(module)
+    stats = _normalization(normalize, dataset)
+    if stats is not None:
+        encoder = NormalizedModule(encoder, *stats)
+    info = {
+        "source": f"in-memory:{label}",
+        "format": IN_MEMORY,
+        "checkpoint_id": label,
+        "loss": label,
+        "encoder": f"{cls.__module__}.{cls.__qualname__}",
+        "module_class": f"{cls.__module__}.{cls.__qualname__}",
+        "module_sha256": module_sha,  # the caller's state dict
+        "sha256": state_dict_sha256(encoder),  # what is evaluated (the normalisation included)
+        "normalize": None if stats is None else {"mean": stats[0], "std": stats[1]},
+    }
+    return encoder, info
+
+
 def _check_args(n_examples: int | None, batch_size: int | None, probe: ProbeConfig | None) -> None:
     if n_examples is not None and n_examples < 1:
         raise UserError(f"--n-examples {n_examples}: must be >= 1")
@@ -315,7 +452,7 @@ def _check_args(n_examples: int | None, batch_size: int | None, probe: ProbeConf
 
 
 def _checkpoint_fields(
-    checkpoint: str | Path,
+    source: str,
     encoder: nn.Module,
     info: dict[str, Any],
     *,
@@ -327,7 +464,7 @@ def _checkpoint_fields(
     and recipe fields every row of it carries (a control is named after the pretraining dataset,
     else the evaluated one)."""
     sha = info["sha256"]
-    ckpt_id = info.get("checkpoint_id") or f"{info['encoder']}.foreign-{Path(checkpoint).stem}"
+    ckpt_id = info.get("checkpoint_id") or f"{info['encoder']}.foreign-{Path(source).stem}"
     loss, loss_params = info.get("loss", "foreign"), info.get("loss_params")
     if control:
         encoder = random_init_like(encoder, info, seed)
@@ -338,7 +475,7 @@ def _checkpoint_fields(
     pretrain = info.get("dataset")
     base = {
         "row_format": ROW_FORMAT,
-        "checkpoint": str(checkpoint),
+        "checkpoint": source,
         "checkpoint_id": ckpt_id,
         "checkpoint_sha256": sha,
         "encoder": info["encoder"],
@@ -351,10 +488,24 @@ def _checkpoint_fields(
         "train_seed": info.get("seed"),
         "train_epochs": info.get("epochs"),
         "checkpoint_format": info.get("format", "ours"),
+        "plugins": row_plugins(info),
+        **{k: info[k] for k in ("module_class", "module_sha256") if k in info},
     }
     # NHWC convolutions: the same weights, 1.6-1.9x faster inference of convnet_small on CPU (and the
     # tensor-core layout on GPUs); NCHW inputs are accepted and the outputs follow the weights' format
     return encoder.to(memory_format=torch.channels_last), base
+
+
+def row_plugins(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plugins a row records: those its checkpoint's training process loaded (the manifest's
+    ``plugins``), then those this evaluation loaded; one record per (module, sha256)."""
+    recorded = info.get("plugins")
+    records = [p for p in recorded if isinstance(p, dict)] if isinstance(recorded, list) else []
+    records += plugins.loaded_plugins()
+    seen: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for p in records:
+        seen.setdefault((p.get("module"), p.get("sha256")), p)
+    return list(seen.values())
 
 
 def _filename_safe(spec: str) -> str:

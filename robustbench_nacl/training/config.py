@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
+from ..models.encoders import check_encoder
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ def check_settings(cfg: TrainConfig) -> None:
         raise UserError(f"--batch-size {cfg.batch_size}: a contrastive batch needs at least 2 images")
     if cfg.max_train is not None and cfg.max_train < 2:
         raise UserError(f"--max-train {cfg.max_train}: must be >= 2")
+    check_encoder(cfg.encoder)  # an unknown name (or timm missing) before any data is loaded
 
 
 def check_train_size(cfg: TrainConfig, n_train: int) -> None:

@@ -8,17 +8,25 @@ its canonical spec, plus the fixed parts of the recipe (optimizer, ``drop_last``
 ``recipe_sha256`` (runs that differ only in their seed: one recipe). The default checkpoint id ends
 in the first :data:`ID_HASH_CHARS` hex digits of ``config_sha256``, so two configurations never
 share an id (see docs/decisions.md, 'Checkpoint ids and recipes').
+
+Code that is not this package's enters the configuration too (see docs/decisions.md, 'Plugins'):
+``plugins`` lists the plugins (module, version, sha256 of the source) that provide the loss preset,
+its objective and the encoder, present only when there is one (so the identity of every run
+without plugins is what it always was); a ``timm:NAME`` encoder adds the installed ``timm``
+version. The manifest itself records every plugin loaded in the training process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from typing import Any
 
-from .. import losses
+from .. import losses, plugins
 from ..data.datasets import canonical_spec, normalization
 from ..io import canonical_json, sha256_bytes
 from ..models.checkpoint import WEIGHTS
+from ..models.encoders import ENCODERS, TIMM_PREFIX
 from ..utils import versions
 from .config import TrainConfig
 
@@ -40,7 +48,31 @@ def training_config(cfg: TrainConfig, params: losses.LossParams | None = None) -
     # lr=1 and lr=1.0 are one setting: the JSON must not depend on the number's Python type
     out.update(lr=float(cfg.lr), weight_decay=float(cfg.weight_decay))
     out.update(loss_params=params.to_dict(), optimizer=OPTIMIZER, drop_last=True)
+    used = recipe_plugins(cfg, params)
+    if used:  # only when present: the configuration (and hash) of a run without plugins is unchanged
+        out["plugins"] = used
+    if cfg.encoder.startswith(TIMM_PREFIX):
+        out["timm"] = _timm_version()  # timm's architectures change between releases
     return out
+
+
+def recipe_plugins(cfg: TrainConfig, params: losses.LossParams) -> list[dict[str, Any]]:
+    """The plugins providing the run's loss preset, objective and encoder: ``[{module, version,
+    sha256}, ...]`` sorted by module; empty for built-in ones."""
+    modules = [losses.PRESETS.get(cfg.loss).module if cfg.loss in losses.PRESETS else None]
+    if params.objective in losses.OBJECTIVES:
+        modules.append(getattr(losses.OBJECTIVES.get(params.objective).loss, "__module__", None))
+    if cfg.encoder in ENCODERS:
+        modules.append(ENCODERS.info(cfg.encoder).get("module"))
+    found = {p.module: p.record() for m in modules if (p := plugins.plugin_of(m)) is not None}
+    return [found[m] for m in sorted(found)]
+
+
+def _timm_version() -> str:
+    try:
+        return importlib.metadata.version("timm")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def config_sha256(training: dict[str, Any]) -> str:
@@ -66,7 +98,9 @@ def run_id(cfg: TrainConfig, params: losses.LossParams | None = None) -> str:
     training = training_config(cfg, params)
     ds = training["dataset"].replace(":", "-").replace("@", "+").replace(",", "_")
     digest = config_sha256(training)[:ID_HASH_CHARS]
-    return f"{cfg.encoder}.{cfg.loss}_{ds}_s{cfg.seed}_{digest}"
+    # the id names a folder: timm:NAME (and a hub name's "/") must not reach the file system
+    encoder = cfg.encoder.replace(":", "-").replace("/", "-")
+    return f"{encoder}.{cfg.loss}_{ds}_s{cfg.seed}_{digest}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +141,7 @@ def build_manifest(cfg: TrainConfig, params: losses.LossParams, outcome: RunOutc
         "weights": WEIGHTS,
         "weights_sha256": outcome.weights_sha256,
         "versions": versions(),
+        "plugins": plugins.loaded_plugins(),  # every plugin of the training process
         "device": outcome.device,
         "wall_s": round(outcome.wall_s, 3),
         "knn_acc": outcome.knn_acc,
