@@ -466,9 +466,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
     p.add_argument("--batch-size", type=int, default=None, help="attack batch size")
     p.add_argument("--arch", default=None, help="architecture of a foreign checkpoint, e.g. resnet18_cifar")
-    p.add_argument(
-        "--format", default="auto", help="foreign layout: auto | torchvision | solo-learn | hcl | ours"
-    )
+    from .models.foreign import FORMATS  # lazy, like every command's heavy imports
+
+    p.add_argument("--format", default="auto", help="foreign layout: auto | " + " | ".join(FORMATS.names()))
     p.add_argument(
         "--normalize",
         default=None,

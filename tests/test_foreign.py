@@ -110,6 +110,10 @@ def _write_solo(state: dict[str, Tensor], path: Path) -> Path:
         "hyper_parameters": {"method": "simclr", "max_epochs": 3},
     }
     torch.save(ckpt, path / "solo.ckpt")
+    # solo-learn's Checkpointer writes the run's configuration beside the checkpoint
+    (path / "args.json").write_text(
+        json.dumps({"backbone": {"name": "resnet18"}, "data": {"dataset": "cifar10"}})
+    )
     return path / "solo.ckpt"
 
 
@@ -141,18 +145,19 @@ def _write_safetensors(state: dict[str, Tensor], path: Path) -> Path:
 
 
 WRITERS = {
-    "torchvision": (_write_torchvision, "torchvision"),
-    "solo-learn": (_write_solo, "solo-learn"),
-    "hcl": (_write_hcl, "hcl"),
-    "dataparallel": (_write_dataparallel, "torchvision"),
-    "safetensors": (_write_safetensors, "torchvision"),
+    # layout: (writer, detected format, options of the network that wrote it)
+    "torchvision": (_write_torchvision, "torchvision", {}),
+    "solo-learn": (_write_solo, "solo-learn", {"stem_padding": 2}),  # solo-learn's CIFAR stem
+    "hcl": (_write_hcl, "hcl", {}),
+    "dataparallel": (_write_dataparallel, "torchvision", {}),
+    "safetensors": (_write_safetensors, "torchvision", {}),
 }
 
 
 @pytest.mark.parametrize("layout", list(WRITERS))
 def test_foreign_layouts_load_bit_identically(layout: str, tmp_path: Path) -> None:
-    source = _source()
-    writer, expected_format = WRITERS[layout]
+    writer, expected_format, options = WRITERS[layout]
+    source = _source(**options)
     path = writer(source.backbone.state_dict(), tmp_path)
     assert detect_format(read_state_dict(path)) == expected_format
     for fmt in ("auto", expected_format):
@@ -430,7 +435,7 @@ def test_describe_file_recognises_the_checkpoint_formats(tmp_path: Path) -> None
 
 
 def test_formats_registry_has_the_layouts() -> None:
-    assert FORMATS.names() == ["ours", "solo-learn", "hcl", "torchvision"]
+    assert FORMATS.names() == ["ours", "lightly", "solo-learn", "hcl", "torchvision", "timm", "prefixed"]
 
 
 def test_every_torch_load_passes_weights_only_true() -> None:

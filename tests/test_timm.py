@@ -187,3 +187,26 @@ def test_dual_bn_routes_through_timm_norm_layers(timm) -> None:
     with bn_route(enc, "adv"):
         enc(x)
     assert all(int(d.aux.num_batches_tracked) == 1 and int(d.main.num_batches_tracked) == 0 for d in duals)
+
+
+@pytest.mark.parametrize("name", ["test_resnet", "test_convnext", "test_vit", "test_efficientnet"])
+def test_a_timm_state_dict_with_its_classifier_is_detected_and_loads_exactly(
+    timm, tmp_path: Path, name: str
+) -> None:
+    """timm's own key names (no torchvision layout): detected as "timm", the classifier dropped."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=10).eval()  # as timm saves it: with its classifier
+    torch.save(model.state_dict(), tmp_path / "timm.pt")
+    encoder, info = load_foreign_encoder(tmp_path / "timm.pt", arch=f"timm:{name}", normalize="none")
+    assert info["format"] == "timm" and isinstance(encoder, TimmEncoder)
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model.forward_head(model.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(encoder(x), want, rtol=0, atol=0)
+
+
+def test_an_unknown_layout_for_a_builtin_arch_still_asks_for_format(tmp_path: Path) -> None:
+    torch.save({"blocks.0.weight": torch.ones(2)}, tmp_path / "odd.pt")
+    with pytest.raises(CheckpointError, match="--format") as err:
+        load_foreign_encoder(tmp_path / "odd.pt", arch="resnet18_cifar")
+    one_line(err)

@@ -8,8 +8,8 @@ units, ``gen`` is the ``torch.Generator`` that makes the attack reproducible, an
 so that a caller's ``no_grad`` cannot silently turn them into no-ops.
 
 Registered: ``fgsm``, ``fgsm_l2``, ``pgd`` (Wong et al. 2020, Linf and L2), ``autoattack``
-(pyautoattack). Any ``torchattacks.<Name>`` resolves through :func:`resolve_attack` when the
-optional torchattacks package is installed.
+(pyautoattack, pinned, through its public API). Any ``torchattacks.<Name>`` resolves through
+:func:`resolve_attack` when the optional torchattacks package is installed.
 
 Registry metadata (read by :mod:`robustbench_nacl.attack.suites` and
 :mod:`robustbench_nacl.eval.benchmark` instead of branching on names):
@@ -28,6 +28,7 @@ Registry metadata (read by :mod:`robustbench_nacl.attack.suites` and
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import math
 import time
@@ -415,11 +416,103 @@ def _check_autoattack(params: dict[str, Any]) -> None:
         raise ValueError("attacks=[...] is only allowed with version='custom'")
 
 
+#: pyautoattack, pinned (pyproject.toml): its components and their settings match Croce and Hein's
+#: reference code (fra31/auto-attack, autoattack.py, ``set_version``); tests/test_autoattack.py checks it
+AA_PACKAGE = "pyautoattack"
+AA_PINNED = "0.2.0"
+
+#: per component: (the AutoAttack attribute that runs it, the settings recorded in result rows)
+_AA_COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "apgd-ce": ("apgd", ("n_iter", "n_restarts", "eot_iter", "thr_decr")),
+    "apgd-dlr": ("apgd", ("n_iter", "n_restarts", "eot_iter", "thr_decr")),
+    "apgd-t": ("apgd_targeted", ("loss", "n_iter", "n_restarts", "n_target_classes", "eot_iter", "thr_decr")),
+    "fab": ("fab", ("n_iter", "n_restarts", "alpha_max", "eta", "beta")),
+    "fab-t": ("fab", ("n_iter", "n_target_classes", "alpha_max", "eta", "beta")),
+    "square": ("square", ("n_queries", "p_init", "n_restarts", "loss", "rescale_schedule")),
+}
+_AA_RENAMED = {"thr_decr": "rho"}
+# settings run_standard_evaluation itself applies just before running a component
+_AA_AT_RUN: dict[str, dict[str, Any]] = {
+    "apgd-ce": {"loss": "ce"},
+    "apgd-dlr": {"loss": "dlr"},
+    "fab": {"targeted": False},
+    "fab-t": {"targeted": True, "n_restarts": 1},
+}
+
+
+def autoattack_version() -> str:
+    """The installed pyautoattack version (recorded in every AutoAttack row)."""
+    try:
+        return importlib.metadata.version(AA_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"AutoAttack needs {AA_PACKAGE}: pip install {AA_PACKAGE}=={AA_PINNED}") from None
+
+
+def new_autoattack(
+    model: nn.Module,
+    *,
+    device: torch.device | str,
+    eps: float,
+    norm: str,
+    seed: int,
+    version: str,
+    attacks: Sequence[str],
+    n_target_classes: int,
+) -> Any:
+    """A ``pyautoattack.AutoAttack`` set up through its public API only.
+
+    ``standard`` and ``plus`` are passed to the constructor, which applies the version's settings;
+    ``attacks`` (from :func:`autoattack_plan`) then replaces the list only where components cannot
+    run with the model's classes, and the documented component attributes cap the target count.
+    """
+    try:
+        from pyautoattack import AutoAttack
+    except ImportError:
+        raise UserError(f"AutoAttack needs {AA_PACKAGE}: pip install {AA_PACKAGE}=={AA_PINNED}") from None
+    common = {"device": device, "eps": eps, "norm": norm, "seed": seed}
+    if version == "custom":
+        aa = AutoAttack(model, attacks=list(attacks), version="custom", **common)
+    else:
+        aa = AutoAttack(model, version=version, **common)
+        aa.attacks_to_run = list(attacks)
+    aa.apgd_targeted.n_target_classes = n_target_classes
+    aa.fab.n_target_classes = n_target_classes
+    return aa
+
+
+def autoattack_components(aa: Any) -> dict[str, dict[str, Any]]:
+    """The settings each component of ``aa`` runs with, as run_standard_evaluation applies them."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in aa.attacks_to_run:
+        attr, keys = _AA_COMPONENTS[name]
+        # APGD keeps the paper's rho (step-size decrease threshold) as thr_decr
+        settings = {_AA_RENAMED.get(k, k): getattr(getattr(aa, attr), k) for k in keys}
+        out[name] = {**settings, **_AA_AT_RUN.get(name, {})}
+    return out
+
+
 def _describe_autoattack(params: dict[str, Any], num_classes: int) -> dict[str, Any]:
-    kept, n_targets, note = autoattack_plan(
-        params.get("version", "standard"), params.get("attacks"), num_classes
+    """What a row records: the components run, their settings, and which implementation ran them."""
+    version = params.get("version", "standard")
+    kept, n_targets, note = autoattack_plan(version, params.get("attacks"), num_classes)
+    aa = new_autoattack(
+        nn.Identity(),  # settings do not depend on the model; nothing runs here
+        device="cpu",
+        eps=0.0,
+        norm="Linf",
+        seed=0,
+        version=version,
+        attacks=kept,
+        n_target_classes=n_targets,
     )
-    return {"attacks_run": kept, "n_target_classes": n_targets, **({"note": note} if note else {})}
+    return {
+        "attacks_run": kept,
+        "n_target_classes": n_targets,
+        "implementation": AA_PACKAGE,
+        "implementation_version": autoattack_version(),
+        "components": autoattack_components(aa),
+        **({"note": note} if note else {}),
+    }
 
 
 def _fork_rng(device: torch.device) -> AbstractContextManager[Any]:
@@ -458,10 +551,6 @@ def autoattack(
         _check_autoattack({"version": version, "attacks": attacks})
     except ValueError as e:
         raise UserError(f"autoattack: {e}") from None
-    try:
-        from pyautoattack import AutoAttack
-    except ImportError as e:
-        raise UserError("pyautoattack is not installed; pip install pyautoattack") from e
     x, y = x.detach(), y.detach()
     if num_classes is None:
         with torch.no_grad():
@@ -474,13 +563,16 @@ def autoattack(
     device = model_device(model, x.device)
     seed = seed_from(gen)
     with _fork_rng(device), torch.enable_grad():
-        aa = AutoAttack(model, device=device, eps=eps, norm=norm, seed=seed, version="custom", attacks=kept)
-        if version != "custom":
-            # Same settings as pyautoattack's _set_version, with the target count capped by the classes.
-            aa._set_version(version)
-            aa.attacks_to_run = kept
-        aa.apgd_targeted.n_target_classes = n_targets
-        aa.fab.n_target_classes = n_targets
+        aa = new_autoattack(
+            model,
+            device=device,
+            eps=eps,
+            norm=norm,
+            seed=seed,
+            version=version,
+            attacks=kept,
+            n_target_classes=n_targets,
+        )
         x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=max(1, len(x)))
     return x_adv.detach().to(x.dtype)
 

@@ -331,8 +331,11 @@ class ResNetBackbone(nn.Module):
     """A torchvision-layout ResNet without ``fc``, returning the globally average-pooled features.
 
     ``stem="cifar"``: 3x3/1 conv1 and no max-pool (the CIFAR ResNet of SimCLR/CLAE/NaCl); ``stem="imagenet"``:
-    torchvision's 7x7/2 conv1 + 3x3/2 max-pool. ``width`` is the base width (64 = the standard nets);
-    stage widths are ``width * (1, 2, 4, 8)`` and the feature dimension ``8 * width * expansion``.
+    torchvision's 7x7/2 conv1 + 3x3/2 max-pool. ``stem_padding`` overrides conv1's padding (default 1
+    for the CIFAR stem, 3 for the ImageNet one); solo-learn's CIFAR ResNets pad by 2, which changes
+    every feature while the state dict keeps the same shapes (docs/decisions.md, 'Foreign checkpoints').
+    ``width`` is the base width (64 = the standard nets); stage widths are ``width * (1, 2, 4, 8)`` and
+    the feature dimension ``8 * width * expansion``.
     """
 
     def __init__(
@@ -343,13 +346,16 @@ class ResNetBackbone(nn.Module):
         in_channels: int = 3,
         width: int = 64,
         stem: str = "cifar",
+        stem_padding: int | None = None,
     ) -> None:
         super().__init__()
         if stem == "cifar":
-            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+            pad = 1 if stem_padding is None else stem_padding
+            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=pad, bias=False)
             self.maxpool: nn.Module = nn.Identity()
         elif stem == "imagenet":
-            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=7, stride=2, padding=3, bias=False)
+            pad = 3 if stem_padding is None else stem_padding
+            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=7, stride=2, padding=pad, bias=False)
             self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         else:
             raise ValueError(f"unknown ResNet stem {stem!r}")
@@ -403,8 +409,13 @@ def _resnet(
     std: Sequence[float],
     input_shape: tuple[int, int, int] | None,
     width: int,
+    stem_padding: int | None = None,
 ) -> Encoder:
     width = _check_positive_int(width, "width")
+    if stem_padding is not None and (
+        isinstance(stem_padding, bool) or not isinstance(stem_padding, int) or stem_padding < 0
+    ):
+        raise UserError(f"encoder option stem_padding must be an integer >= 0, got {stem_padding!r}")
     if stem == "imagenet" and input_shape is not None and min(input_shape[1:]) < 64:
         warnings.warn(
             f"an ImageNet-stem ResNet (7x7/2 conv + max-pool) on {input_shape[1]}x{input_shape[2]} images "
@@ -412,7 +423,9 @@ def _resnet(
             UserWarning,
             stacklevel=4,
         )
-    backbone = ResNetBackbone(block, layers, in_channels=in_channels, width=width, stem=stem)
+    backbone = ResNetBackbone(
+        block, layers, in_channels=in_channels, width=width, stem=stem, stem_padding=stem_padding
+    )
     return Encoder(
         backbone,
         backbone.feature_dim,
@@ -433,6 +446,7 @@ def _register_resnet(
         std: Sequence[float] = (0.5,),
         input_shape: tuple[int, int, int] | None = None,
         width: int = 64,
+        stem_padding: int | None = None,
     ) -> Encoder:
         return _resnet(
             block,
@@ -443,11 +457,13 @@ def _register_resnet(
             std=std,
             input_shape=input_shape,
             width=width,
+            stem_padding=stem_padding,
         )
 
     factory.__name__ = factory.__qualname__ = name
     factory.__doc__ = (
-        f"{description}. ``width``: base width (64 = standard; feature_dim = 8 * width * expansion)."
+        f"{description}. ``width``: base width (64 = standard; feature_dim = 8 * width * expansion); "
+        "``stem_padding``: conv1's padding when it is not the usual one (2 for solo-learn's CIFAR ResNets)."
     )
     feature_dim = 8 * 64 * block.expansion
     ENCODERS.add(name, factory, description=description, input="images", feature_dim=feature_dim)

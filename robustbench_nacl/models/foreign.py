@@ -8,12 +8,19 @@ Foreign files come in several key layouts (:data:`FORMATS`), all converted to to
 layout, which is exactly the layout of ``Encoder.backbone`` (see :mod:`robustbench_nacl.encoders`):
 
 * ``torchvision``: ``conv1.weight``, ``layer1.0.conv1.weight``, ... (``fc.*`` dropped);
-* ``solo-learn``: a Lightning checkpoint whose ``state_dict`` has ``backbone.*`` plus heads,
-  momentum copies and queues (everything but ``backbone.*`` dropped);
+* ``lightly``: lightly's recipe ``nn.Sequential(*list(torchvision.models.resnetN().children())[:-1])``
+  (``0`` conv1, ``1`` bn1, ``4``-``7`` layer1-4), bare or as ``backbone.*`` of a LightningModule
+  checkpoint (heads and momentum copies dropped);
+* ``solo-learn``: a Lightning checkpoint whose ``state_dict`` has ``backbone.*`` (``encoder.*`` in
+  old versions) plus heads, momentum copies and queues (everything else dropped). Its CIFAR ResNet
+  pads the 3x3 conv1 by 2, not 1: the stem is read from solo-learn's ``args.json`` beside the file
+  (see :func:`read_solo_args` and docs/decisions.md, 'Foreign checkpoints');
 * ``hcl``: the HCL/DCL code's ``f`` Sequential of resnet children without maxpool and fc
   (``f.0`` conv1, ``f.1`` bn1, ``f.3``-``f.6`` layer1-4; the ``g.*`` projection head dropped);
 * ``ours``: the safetensors written by our trainer (``encoder.backbone.*``; dual BN reduced to its
-  clean branch), whose ``encoder.mean``/``encoder.std`` also give the normalisation.
+  clean branch), whose ``encoder.mean``/``encoder.std`` also give the normalisation;
+* ``timm`` (``--arch timm:NAME`` only): timm's own names, classifier dropped;
+* ``prefixed`` (never detected): ``backbone.*`` of any other library, loaded into ``--arch`` as built.
 
 Wrapper prefixes shared by every key (``module.`` from DataParallel, ``model.``, ``encoder.``) are
 stripped first. Loading is strict: every converted key must be used and every backbone key present
@@ -54,17 +61,20 @@ from .checkpoint import (
     read_manifest,
     resolve_manifest_path,
 )
-from .encoders import create_encoder, strip_dual_bn
+from .encoders import TIMM_PREFIX, TimmEncoder, create_encoder, strip_dual_bn
 
 __all__ = [
     "FORMATS",
     "NORMALIZATIONS",
+    "SOLO_NORMALIZATIONS",
     "Layout",
+    "SoloRun",
     "convert_state_dict",
     "describe_file",
     "detect_format",
     "load_encoder",
     "load_foreign_encoder",
+    "read_solo_args",
     "read_state_dict",
 ]
 
@@ -157,17 +167,69 @@ _register(
 )
 
 
+# --- lightly: Sequential(*resnet.children()[:-1]), bare or as a LightningModule's backbone.* ---
+
+# children of a torchvision ResNet: 0 conv1, 1 bn1, 2 relu, 3 maxpool, 4-7 layer1-4, 8 avgpool
+_LIGHTLY_CHILDREN = {"0": "conv1", "1": "bn1", "4": "layer1", "5": "layer2", "6": "layer3", "7": "layer4"}
+
+
+def _lightly_prefix(state: Mapping[str, Tensor]) -> str | None:
+    """ "" (a bare Sequential) or "backbone." (a LightningModule), when the keys are lightly's."""
+    for prefix in ("", "backbone."):
+        stem = f"{prefix}0.weight" in state and f"{prefix}1.running_mean" in state
+        # 4.0.* in torchvision's children; 2.0.* in lightly's own ResNetGenerator (refused below)
+        if stem and (_has_prefix(state, f"{prefix}4.0.") or _has_prefix(state, f"{prefix}2.0.")):
+            return prefix
+    return None
+
+
+def _lightly_convert(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    prefix = _lightly_prefix(state) or ""
+    if _has_prefix(state, f"{prefix}2.0."):
+        # ResNetGenerator applies the ReLU after bn1 functionally, so its Sequential of children
+        # has none: no registered encoder computes that network
+        raise CheckpointError(
+            "this is lightly's ResNetGenerator backbone (keys 2.0.*), whose Sequential of children "
+            "drops the ReLU after bn1; it is not supported, use a torchvision ResNet backbone"
+        )
+    out: dict[str, Tensor] = {}
+    for key, value in state.items():
+        if not key.startswith(prefix):
+            continue  # projection/prediction heads, backbone_momentum.*, prototypes: training only
+        name = key[len(prefix) :]
+        child, _, rest = name.partition(".")
+        # anything unmapped stays as it is, so the strict load reports it
+        out[f"{_LIGHTLY_CHILDREN[child]}.{rest}" if child in _LIGHTLY_CHILDREN else name] = value
+    return out
+
+
+_register(
+    Layout("lightly", lambda s: _lightly_prefix(s) is not None, _lightly_convert),
+    "lightly recipe Sequential(*resnet.children()[:-1]): 0 conv1, 1 bn1, 4-7 layer1-4, bare or backbone.*",
+)
+
+
 # --- solo-learn: Lightning state_dict with backbone.* next to heads, momentum encoders, queues ---
+
+
+def _solo_prefix(state: Mapping[str, Tensor]) -> str | None:
+    if _has_prefix(state, "backbone."):
+        return "backbone."
+    # solo-learn before mid-2021 called the backbone "encoder" (its own loader still renames it)
+    if "encoder.conv1.weight" in state:
+        return "encoder."
+    return None
 
 
 def _solo_convert(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     # projector.*, predictor.*, classifier.*, momentum_*, queue* ...: training-only, not the encoder
-    return {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
+    prefix = _solo_prefix(state) or "backbone."
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 _register(
-    Layout("solo-learn", lambda s: _has_prefix(s, "backbone."), _solo_convert),
-    "solo-learn Lightning ckpt: state_dict backbone.* (projector, classifier, momentum_*, queue... dropped)",
+    Layout("solo-learn", lambda s: _solo_prefix(s) is not None, _solo_convert),
+    "solo-learn Lightning ckpt: backbone.* (or legacy encoder.*); stem from its args.json; heads dropped",
 )
 
 
@@ -204,6 +266,22 @@ def _torchvision_convert(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 _register(
     Layout("torchvision", lambda s: "conv1.weight" in s and _has_prefix(s, "layer1."), _torchvision_convert),
     "torchvision ResNet state dict: conv1.weight, layer1.0..., fc.* dropped",
+)
+
+
+_register(
+    Layout("timm", lambda s: False, dict),
+    "timm state dict (model.state_dict()): keys kept as timm names them; the classifier is dropped",
+)
+
+
+def _prefixed_convert(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
+
+
+_register(
+    Layout("prefixed", lambda s: False, _prefixed_convert),
+    "backbone.* of any other library (other keys dropped), loaded into --arch as built; never detected",
 )
 
 
@@ -384,6 +462,10 @@ def _unwrap(obj: Any, origin: Path, depth: int = 0) -> dict[str, Tensor]:
                 return _unwrap(inner, origin, depth + 1)
             except CheckpointError:
                 continue
+        if len(obj) == 1 and _is_tensor_dict(next(iter(obj.values()))):
+            # a state dict under a name of the user's choosing, as lightly's tutorial saves it
+            # ({"resnet18_parameters": backbone.state_dict()})
+            return dict(next(iter(obj.values())))
     found = (
         f"top-level keys: {', '.join(_clean(k, 40) for k in list(obj)[:6])}"
         if isinstance(obj, Mapping)
@@ -457,6 +539,174 @@ def _fill_num_batches_tracked(module: nn.Module, state: dict[str, Tensor]) -> No
             state[key] = torch.zeros_like(value)
 
 
+# ============ solo-learn's stem ============
+
+SOLO_ARGS = "args.json"
+#: solo-learn's ResNets are torchvision's; these datasets get its CIFAR stem (solo/methods/base.py)
+_SOLO_CIFAR = ("cifar10", "cifar100")
+_SOLO_RESNETS = ("resnet18", "resnet50")
+_SOLO_CIFAR_PADDING = 2  # solo-learn: nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=2, bias=False)
+#: solo-learn's pretraining normalisation per dataset (solo/data/pretrain_dataloader.py, MEANS_N_STD)
+SOLO_NORMALIZATIONS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "stl10": ((0.4914, 0.4823, 0.4466), (0.247, 0.243, 0.261)),
+    "imagenet100": NORMALIZATIONS["imagenet"],
+    "imagenet": NORMALIZATIONS["imagenet"],
+}
+
+
+@dataclass(frozen=True)
+class SoloRun:
+    """What solo-learn's ``args.json`` says about the network it built."""
+
+    backbone: str
+    dataset: str
+    cifar: bool
+    source: str
+
+
+def _nested(args: Mapping[str, Any], *path: str) -> Any:
+    value: Any = args
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _first_str(args: Mapping[str, Any], *paths: tuple[str, ...]) -> str | None:
+    for path in paths:
+        value = _nested(args, *path)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def read_solo_args(checkpoint: str | Path) -> SoloRun | None:
+    """solo-learn's ``args.json`` beside ``checkpoint`` (None when there is none).
+
+    Recent versions write ``backbone: {name}`` and ``data: {dataset}``; older ones a flat
+    ``backbone`` (``encoder`` before mid-2021) and ``dataset``, and a ``cifar`` flag in
+    ``backbone_args`` (or at the top level), which wins when present since it built the network.
+    A file that is there but names no backbone or dataset is a one-line ``CheckpointError``.
+    """
+    path = Path(checkpoint).parent / SOLO_ARGS
+    if not path.is_file():
+        return None
+    try:
+        args = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path} is not readable JSON ({_first_line(e)})") from None
+    backbone = _first_str(args, ("backbone", "name"), ("backbone",), ("encoder",))
+    dataset = _first_str(args, ("data", "dataset"), ("dataset",))
+    if not isinstance(args, Mapping) or backbone is None or dataset is None:
+        raise CheckpointError(
+            f"{path} names no solo-learn backbone and dataset (backbone.name and data.dataset, or "
+            f"backbone and dataset in older versions), so the stem of {Path(checkpoint).name} is unknown"
+        )
+    flags = (_nested(args, "backbone_args", "cifar"), args.get("cifar"))
+    flag = next((v for v in flags if isinstance(v, bool)), None)
+    cifar = dataset in _SOLO_CIFAR if flag is None else flag
+    return SoloRun(_clean(backbone), _clean(dataset), cifar, str(path))
+
+
+def _solo_arch(run: SoloRun, arch: str, p: Path) -> None:
+    """The registered encoder solo-learn's network is must be ``arch``; a one-line error otherwise."""
+    if run.backbone not in _SOLO_RESNETS:
+        raise CheckpointError(
+            f"{p}: solo-learn backbone {run.backbone!r} (from {run.source}) is not supported; "
+            f"only {' and '.join(_SOLO_RESNETS)} map to registered encoders"
+        )
+    expected = f"{run.backbone}_{'cifar' if run.cifar else 'imagenet'}"
+    if arch != expected:
+        raise CheckpointError(
+            f"{p} is a solo-learn {run.backbone} trained on {run.dataset} (says {run.source}), "
+            f"built as {expected}; pass --arch {expected}"
+        )
+
+
+def _conv1_kernel(state: Mapping[str, Tensor]) -> int | None:
+    weight = state.get("conv1.weight")
+    return int(weight.shape[-1]) if weight is not None and weight.dim() == 4 else None
+
+
+def _solo_normalization(run: SoloRun | None) -> tuple[str, list[float], list[float]] | None:
+    """(name, mean, std) solo-learn pretrained with, when its args.json names a dataset it knows."""
+    if run is None or run.dataset not in SOLO_NORMALIZATIONS:
+        return None
+    mean, std = SOLO_NORMALIZATIONS[run.dataset]
+    return f"solo-learn:{run.dataset}", list(mean), list(std)
+
+
+def _solo_stem(
+    p: Path, run: SoloRun | None, arch: str, state: Mapping[str, Tensor], explicit: bool
+) -> tuple[dict[str, Any], str]:
+    """(encoder options, one-line description) of the stem solo-learn built for the file ``p``.
+
+    From ``args.json`` (``run``) when it is there. Without it a 7x7 conv1 is torchvision's stem in
+    every library; a 3x3 one is solo-learn's CIFAR stem (padding 2) only if the user says the file
+    is solo-learn's (``--format solo-learn``), since other libraries pad it by 1: not guessed.
+    """
+    pad2 = {"stem_padding": _SOLO_CIFAR_PADDING}
+    cifar_stem = f"solo-learn CIFAR stem (3x3/1 conv1, padding {_SOLO_CIFAR_PADDING}, no max-pool)"
+    if run is not None:
+        _solo_arch(run, arch, p)
+        where = f"from {run.source}: {run.backbone} on {run.dataset}"
+        return (pad2, f"{cifar_stem}, {where}") if run.cifar else ({}, f"torchvision stem, {where}")
+    if _conv1_kernel(state) != 3:
+        return {}, "torchvision stem (7x7/2 conv1, max-pool): solo-learn leaves it as is off CIFAR"
+    if explicit:
+        return pad2, f"{cifar_stem}: --format solo-learn with a 3x3 conv1, no args.json"
+    raise CheckpointError(
+        f"{p}: cannot tell the stem of this backbone.* checkpoint: no solo-learn {SOLO_ARGS} beside it, "
+        f"and its 3x3 conv1 is padded by {_SOLO_CIFAR_PADDING} in solo-learn but by 1 elsewhere; put the "
+        f"run's {SOLO_ARGS} beside it, or pass --format solo-learn (padding 2) "
+        "or --format prefixed (as --arch builds it)"
+    )
+
+
+def _with_stem(options: dict[str, Any], stem: dict[str, Any], p: Path) -> dict[str, Any]:
+    """``options`` plus the stem's; an option that contradicts what the file says is refused."""
+    clash = sorted(k for k in stem if k in options and options[k] != stem[k])
+    if clash:
+        key = clash[0]
+        raise CheckpointError(f"{p} was built with {key}={stem[key]}, not {key}={options[key]}; omit {key}")
+    return {**options, **stem}
+
+
+# ============ loading foreign files ============
+
+
+def _detect(p: Path, state: Mapping[str, Tensor], fmt: str, arch: str) -> str:
+    """The layout of ``state``: ``fmt`` itself, else detected; a timm file keeps timm's own names."""
+    if fmt != "auto":
+        return fmt
+    try:
+        return detect_format(state)
+    except CheckpointError as e:  # the layout error names keys; say which file holds them
+        if not arch.startswith(TIMM_PREFIX):
+            raise CheckpointError(f"{p}: {e}") from None
+    return "timm"
+
+
+def _pick_normalization(
+    from_file: tuple[list[float], list[float]] | None,
+    normalize: str | None,
+    solo: tuple[str, list[float], list[float]] | None = None,
+) -> tuple[str, list[float], list[float]]:
+    """(name, mean, std): with ``normalize`` None the file's own (or solo-learn's, from its
+    args.json) when known, else the named one ("cifar10" by default)."""
+    if normalize is None and from_file is not None:
+        mean, std = from_file
+        return _normalization_name(mean, std) or "file", mean, std
+    if normalize is None and solo is not None:
+        return solo
+    normalize = normalize or _DEFAULT_NORMALIZE
+    mean, std = (list(v) for v in _named_normalization(normalize))
+    return normalize, mean, std
+
+
 def load_foreign_encoder(
     path: str | Path,
     *,
@@ -470,44 +720,49 @@ def load_foreign_encoder(
     """Load a foreign state dict into the registered encoder ``arch``, strictly; returns (encoder, info).
 
     ``normalize`` names the input normalisation the weights were trained with (foreign files do not
-    carry it); ``None`` takes it from the file when it has one (layout "ours"), else "cifar10".
-    ``encoder_kwargs`` go to :func:`create_encoder` (e.g. ``width``). The encoder is in eval mode.
-    info: sha256 (of the file), format, arch, normalize, path, n_tensors (in the file), plus encoder,
-    encoder_kwargs, in_channels, mean, std and dual_bn (False) for rebuilding the same architecture.
+    carry it); ``None`` takes it from the file when it has one (layout "ours"; solo-learn's args.json
+    naming a dataset of :data:`SOLO_NORMALIZATIONS`), else "cifar10".
+    ``encoder_kwargs`` go to :func:`create_encoder` (e.g. ``width``); a solo-learn file adds the
+    stem it was built with (``stem_padding``). The encoder is in eval mode.
+    info: sha256 (of the file), format, arch, normalize, path, n_tensors (in the file), stem (solo-learn
+    only), plus encoder, encoder_kwargs, in_channels, mean, std and dual_bn (False) for rebuilding
+    the same architecture.
     """
     _check_format(fmt)
     p = Path(path)
     state, sha = _read(p)
-    if fmt == "auto":
-        try:
-            fmt = detect_format(state)
-        except CheckpointError as e:  # the layout error names keys; say which file holds them
-            raise CheckpointError(f"{p}: {e}") from None
+    explicit, fmt = fmt != "auto", _detect(p, state, fmt, arch)
     layout = FORMATS.get(fmt)
     stripped = _strip_wrappers(state)
-
-    from_file = layout.normalization(stripped)
-    if normalize is None and from_file is not None:
-        mean, std = from_file
-        normalize = _normalization_name(mean, std) or "file"
-    else:
-        normalize = normalize or _DEFAULT_NORMALIZE
-        mean, std = (list(v) for v in _named_normalization(normalize))
-
+    run = read_solo_args(p) if fmt == "solo-learn" else None
+    normalize, mean, std = _pick_normalization(
+        layout.normalization(stripped), normalize, _solo_normalization(run)
+    )
+    try:
+        backbone_state = layout.convert(stripped)
+    except CheckpointError as e:
+        raise CheckpointError(f"{p}: {e}") from None
+    stem: dict[str, Any] = {}
+    if fmt == "solo-learn":
+        options, stem["stem"] = _solo_stem(p, run, arch, backbone_state, explicit)
+        encoder_kwargs = _with_stem(encoder_kwargs, options, p)
     encoder = create_encoder(
         arch, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape, **encoder_kwargs
     )
-    backbone_state = layout.convert(stripped)
+    if isinstance(encoder, TimmEncoder):
+        for key in encoder.classifier_keys(backbone_state):
+            del backbone_state[key]
     _fill_num_batches_tracked(encoder.backbone, backbone_state)
     load_strict(encoder.backbone, backbone_state, f"{p} ({fmt} layout, --arch {arch})")
     encoder.eval()
-    info = {
+    return encoder, {
         "sha256": sha,
         "format": fmt,
         "arch": arch,
         "normalize": normalize,
         "path": str(p),
         "n_tensors": len(state),
+        **stem,
         "encoder": arch,
         "encoder_kwargs": dict(encoder_kwargs),
         "in_channels": in_channels,
@@ -515,7 +770,6 @@ def load_foreign_encoder(
         "std": encoder.std.flatten().tolist(),
         "dual_bn": False,
     }
-    return encoder, info
 
 
 def _load_ours(
@@ -620,6 +874,6 @@ def load_encoder(
     if arch is None:
         raise UserError(
             f"{p} is {describe_file(head)[1]} without a manifest.json beside it, so a foreign "
-            "checkpoint: pass --arch (one of the encoders, e.g. resnet18_cifar) to load it"
+            "checkpoint: pass --arch (one of the encoders, e.g. resnet18_cifar, or timm:NAME) to load it"
         )
     return load_foreign_encoder(p, arch=arch, fmt=fmt, normalize=normalize)
