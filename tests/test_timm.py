@@ -210,3 +210,30 @@ def test_an_unknown_layout_for_a_builtin_arch_still_asks_for_format(tmp_path: Pa
     with pytest.raises(CheckpointError, match="--format") as err:
         load_foreign_encoder(tmp_path / "odd.pt", arch="resnet18_cifar")
     one_line(err)
+
+
+def test_a_one_channel_timm_state_dict_evaluates_on_digits(timm, tmp_path: Path) -> None:
+    """`eval FILE --arch timm:NAME` on 1-channel data: channels come from the file's stem conv."""
+    import robustbench_nacl as rbn
+    from robustbench_nacl.errors import CheckpointError
+    from robustbench_nacl.models.foreign import load_foreign_encoder
+
+    model = timm.create_model("test_resnet", num_classes=10, in_chans=1, pretrained=False)
+    path = tmp_path / "gray.pt"
+    torch.save(model.state_dict(), path)
+    with pytest.raises(CheckpointError, match="1-channel network but normalisation 'cifar10' has 3"):
+        load_foreign_encoder(path, arch="timm:test_resnet")
+    _, info = load_foreign_encoder(path, arch="timm:test_resnet", normalize="none")
+    assert info["in_channels"] == 1 and info["format"] == "timm"
+    rows = rbn.evaluate(
+        path,
+        arch="timm:test_resnet",
+        normalize="none",
+        dataset="digits:0-4",
+        suite="quick",
+        n_examples=30,
+        probe=rbn.ProbeConfig(epochs=5),
+        out=tmp_path / "out",
+        progress=False,
+    )
+    assert rows and all(r["dataset"] == "digits:0-4" for r in rows)

@@ -707,13 +707,22 @@ def _pick_normalization(
     return normalize, mean, std
 
 
+def stem_channels(state: dict[str, Any], default: int = 3) -> int:
+    """Input channels of a state dict saved in module order: those of its first convolution kernel
+    (a 1-channel Fashion-MNIST/digits network has ``(out, 1, k, k)`` there), else ``default``."""
+    for value in state.values():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 4:
+            return int(value.shape[1])
+    return default
+
+
 def load_foreign_encoder(
     path: str | Path,
     *,
     arch: str,
     fmt: str = "auto",
     normalize: str | None = _DEFAULT_NORMALIZE,
-    in_channels: int = 3,
+    in_channels: int | None = None,
     input_shape: tuple[int, int, int] | None = None,
     **encoder_kwargs: Any,
 ) -> tuple[nn.Module, dict[str, Any]]:
@@ -746,6 +755,14 @@ def load_foreign_encoder(
     if fmt == "solo-learn":
         options, stem["stem"] = _solo_stem(p, run, arch, backbone_state, explicit)
         encoder_kwargs = _with_stem(encoder_kwargs, options, p)
+    if in_channels is None:
+        # timm files keep the module order of torch.save, stem first; our ResNet layouts are RGB
+        in_channels = stem_channels(backbone_state) if arch.startswith(TIMM_PREFIX) else 3
+    if len(mean) not in (1, in_channels):
+        raise CheckpointError(
+            f"{p} is a {in_channels}-channel network but normalisation {normalize!r} has {len(mean)} "
+            "channels; pass --normalize none, or a normalisation with one value per channel"
+        )
     encoder = create_encoder(
         arch, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape, **encoder_kwargs
     )
