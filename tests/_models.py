@@ -88,3 +88,16 @@ def digits_model(bn: bool = False) -> nn.Module:
 def accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
     with torch.no_grad():
         return float((model(x).argmax(1) == y).float().mean())
+
+
+def randomize_bn(module: nn.Module, seed: int = 0) -> None:
+    """Non-trivial BatchNorm statistics and affine parameters, so a wrong mapping cannot go unnoticed."""
+    g = torch.Generator().manual_seed(seed)
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            n = m.num_features
+            m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(n, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(n, generator=g) * 0.1)
+            m.num_batches_tracked.fill_(7)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+from _models import one_thread, randomize_bn
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
@@ -37,30 +38,15 @@ WIDTH = 16
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """These nets are tiny: intra-op threads only add overhead, which explodes on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _randomize_bn(module: nn.Module, seed: int = 0) -> None:
-    """Non-trivial BatchNorm statistics and affine parameters, so a wrong mapping cannot go unnoticed."""
-    g = torch.Generator().manual_seed(seed)
-    for m in module.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            n = m.num_features
-            m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(n, generator=g) + 0.5)
-            m.bias.data.copy_(torch.randn(n, generator=g) * 0.1)
-            m.num_batches_tracked.fill_(7)
+    with one_thread():
+        yield
 
 
 def _source(arch: str = "resnet18_cifar", normalize: str = "cifar10", **kw) -> nn.Module:
     torch.manual_seed(0)
     mean, std = NORMALIZATIONS[normalize]
     enc = create_encoder(arch, mean=mean, std=std, width=WIDTH, **kw)
-    _randomize_bn(enc)
+    randomize_bn(enc)
     return enc.eval()
 
 
@@ -183,7 +169,7 @@ def test_real_torchvision_resnet18_cifar_stem(tmp_path: Path) -> None:
     tv = torchvision.models.resnet18()
     tv.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     tv.maxpool = nn.Identity()
-    _randomize_bn(tv)
+    randomize_bn(tv)
     torch.save(tv.state_dict(), tmp_path / "tv.pth")
     tv.fc = nn.Identity()
     tv.eval()
@@ -219,7 +205,7 @@ def _write_run(directory: Path, *, dual_bn: bool) -> ContrastiveModel:
     """A tiny checkpoint laid out as ``train`` writes it (weights first, manifest last)."""
     torch.manual_seed(0)
     encoder = create_encoder("resnet18_cifar", mean=(0.5,), std=(0.5,), width=WIDTH, dual_bn=dual_bn)
-    _randomize_bn(encoder)
+    randomize_bn(encoder)
     model = ContrastiveModel(encoder, "clae").eval()
     directory.mkdir(parents=True)
     sha = checkpoint.save_weights(directory / checkpoint.WEIGHTS, model)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+from _models import one_thread, randomize_bn
 from torch import Tensor, nn
 
 from robustbench_nacl.errors import CheckpointError
@@ -39,22 +40,9 @@ NEW_ARGS = {
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _randomize_bn(module: nn.Module, seed: int = 0) -> None:
-    """Non-trivial BatchNorm statistics, so a wrong mapping cannot go unnoticed."""
-    g = torch.Generator().manual_seed(seed)
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            n = m.num_features
-            m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(n, generator=g) + 0.5)
-            m.bias.data.copy_(torch.randn(n, generator=g) * 0.1)
+    """These nets are tiny: intra-op threads only add overhead, which explodes on a loaded machine."""
+    with one_thread():
+        yield
 
 
 def _images(n: int = 3, size: int = 32) -> Tensor:
@@ -87,7 +75,7 @@ def solo_resnet(cifar: bool = True, arch: Callable[[], nn.Module] = torchvision.
     if cifar:
         backbone.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=2, bias=False)
         backbone.maxpool = nn.Identity()
-    _randomize_bn(backbone)
+    randomize_bn(backbone)
     return backbone.eval()
 
 
@@ -259,7 +247,7 @@ def lightly_backbone() -> nn.Module:
     """lightly's recipe: a torchvision resnet18 without its classifier, as a Sequential."""
     torch.manual_seed(0)
     backbone = nn.Sequential(*list(torchvision.models.resnet18().children())[:-1])
-    _randomize_bn(backbone)
+    randomize_bn(backbone)
     return backbone.eval()
 
 

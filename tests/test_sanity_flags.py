@@ -19,25 +19,15 @@ from typing import Any
 import pytest
 import torch
 from _models import one_thread
+from _reliability import TINY
 from torch import Tensor, nn
 
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.sanity import FLAGS
 from robustbench_nacl.models.encoders import ENCODERS, Encoder
-from robustbench_nacl.training import TrainConfig, train
+from robustbench_nacl.training import train
 
-# convnet_small of width 8 on digits 0-4: a checkpoint in a few seconds
-TINY = TrainConfig(
-    loss="simclr",
-    dataset="digits:0-4",
-    encoder="convnet_small",
-    encoder_kwargs={"width": 8},
-    epochs=2,
-    batch_size=64,
-    lr=3e-3,
-    knn_every=0,
-)
 QUICK = {"n_examples": 180, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress": False}
 
 # Digits pixels take 17 levels round(k * 255 / 16) / 255, about 1/16 apart: snapping an image back
