@@ -15,6 +15,7 @@ import re
 import shlex
 import sys
 import textwrap
+import time
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,6 +31,7 @@ from .registry import Registry
 DEFAULT_OUT = Path("robustbench_out")
 DEFAULT_RESULTS = DEFAULT_OUT / "leaderboard"  # eval rows (OUT/rows) and the rendered leaderboard
 DEFAULT_ZOO_OUT = DEFAULT_OUT / "zoo"
+DEFAULT_ZOO_BOARD = DEFAULT_OUT / "zoo-leaderboard"
 DEFAULT_DEMO_OUT = DEFAULT_OUT / "demo"
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -601,7 +603,7 @@ def _zoo_show(args: argparse.Namespace) -> int:
 
 def _zoo_train(args: argparse.Namespace) -> int:
     from . import zoo
-    from .training import train
+    from .pipeline import train_entry
 
     _writable_out(args.out)
     for e in _zoo_entries(args):
@@ -609,8 +611,59 @@ def _zoo_train(args: argparse.Namespace) -> int:
         if zoo.is_trained(e, args.out):
             print(f"{e.id}: already trained ({d})")
             continue
-        train(e.train_config(), d, device=args.device, resume=(d / "train_state.pt").exists())
+        train_entry(e, args.out, device=args.device, progress=True)
         print(f"{e.id}: trained -> {d}")
+    return 0
+
+
+def _zoo_eval(args: argparse.Namespace) -> int:
+    """Evaluate every trained entry asked for (and one random-init control per seed) into --leaderboard."""
+    from . import zoo
+    from .pipeline import control_entries, eval_entry
+
+    refuse_reference_dir(args.leaderboard, "--leaderboard")
+    entries = _zoo_entries(args)
+    trained = [e for e in entries if zoo.is_trained(e, args.out)]
+    if not trained:
+        raise UserError(
+            f"none of the {len(entries)} entries is trained under {args.out}; run `zoo train` first"
+        )
+    for e in trained:
+        n = eval_entry(e, args.out, args.leaderboard, device=args.device, progress=True)
+        print(f"{e.id}: {n} rows in {Path(args.leaderboard) / 'rows'}")
+    if not args.no_controls:
+        for e in control_entries(trained):
+            n = eval_entry(e, args.out, args.leaderboard, device=args.device, control=True, progress=True)
+            print(f"random-init control of {e.id}: {n} rows")
+    if len(trained) < len(entries):
+        print(f"{len(entries) - len(trained)} entries are not trained under {args.out}: not evaluated")
+    return 0
+
+
+def _zoo_run(args: argparse.Namespace) -> int:
+    """Train, evaluate and render a whole zoo; resumable (finished entries and rows are skipped)."""
+    from .eval.rows import load_rows
+    from .pipeline import run_entries
+    from .report.leaderboard import render_leaderboard
+
+    refuse_reference_dir(args.leaderboard, "--leaderboard")
+    _writable_out(args.out)
+    t0 = time.perf_counter()
+    entries = _zoo_entries(args)
+    run = run_entries(
+        entries,
+        args.out,
+        args.leaderboard,
+        workers=args.workers,
+        device=args.device,
+        controls=not args.no_controls,
+    )
+    files = render_leaderboard(load_rows(args.leaderboard), args.leaderboard, command=_command_line(args))
+    print(
+        f"{len(entries)} entries: {run.trained} trained ({run.train_s:.0f} s), {run.evaluated} evaluations "
+        f"({run.eval_s:.0f} s), {run.skipped} already complete; {time.perf_counter() - t0:.0f} s in all\n"
+        f"  leaderboard: {files['LEADERBOARD.md']}"
+    )
     return 0
 
 
@@ -647,6 +700,8 @@ _ZOO_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": _zoo_list,
     "show": _zoo_show,
     "train": _zoo_train,
+    "eval": _zoo_eval,
+    "run": _zoo_run,
     "verify": _zoo_verify,
 }
 
@@ -655,16 +710,24 @@ def run_zoo(args: argparse.Namespace) -> int:
     return _ZOO_ACTIONS[args.action](args)
 
 
-@command("zoo", "list, show, train or verify model-zoo entries (zoo/*/*.json)")
+@command("zoo", "list, show, train, eval, run (train + eval + render) or verify zoo entries (zoo/*/*.json)")
 def _zoo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=list(_ZOO_ACTIONS))
     p.add_argument("ids", nargs="*", help="entry ids (default: every entry of --zoo)")
-    p.add_argument("--zoo", default=None, help="which zoo: demo | paper (default: all)")
+    p.add_argument("--zoo", default=None, help="which zoo: demo | fashion-mnist | paper (default: all)")
     p.add_argument(
         "--out",
         default=str(DEFAULT_ZOO_OUT),
         help="checkpoints directory, one folder per entry id (default: %(default)s)",
     )
+    p.add_argument(
+        "--leaderboard",
+        default=str(DEFAULT_ZOO_BOARD),
+        help="eval/run: where result rows (LEADERBOARD/rows) and the rendered leaderboard go "
+        "(default: %(default)s)",
+    )
+    p.add_argument("--workers", type=int, default=1, help="run: parallel worker processes (default: 1)")
+    p.add_argument("--no-controls", action="store_true", help="eval/run: no random-init controls")
     p.add_argument("--device", default="cpu")
 
 

@@ -10,16 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from tqdm.auto import tqdm
 
 from .errors import UserError
+from .pipeline import run_entries
 from .registry import Registry
-from .zoo import ZooEntry, checkpoint_dir, demo_zoo, expected_id, is_trained
+from .zoo import ZooEntry, demo_zoo, expected_id
 
 #: A folder of the user's: robustbench_out/ is ignored by the repository's .gitignore.
 DEFAULT_OUT = Path("robustbench_out") / "demo"
@@ -98,88 +95,20 @@ def demo_entries(plan: DemoPlan) -> list[ZooEntry]:
     out = []
     for e in demo_zoo():
         recipe = {**e.recipe, "epochs": plan.epochs, "batch_size": plan.batch_size}
+        if plan.max_train is not None:
+            recipe["max_train"] = plan.max_train
+        ev = {**e.eval, "transfer": plan.target, "shift": plan.shift, "n_examples": plan.n_examples}
+        ev.update(probe_epochs=plan.probe_epochs, probe_max_train=plan.max_train)
         out.append(
             dataclasses.replace(
                 e,
                 id=expected_id(e.encoder, e.loss, plan.source, e.seed),
                 dataset=plan.source,
                 recipe=recipe,
-                eval={**e.eval, "transfer": plan.target, "shift": plan.shift, "n_examples": plan.n_examples},
+                eval=ev,
             )
         )
     return out
-
-
-def _init_worker() -> None:
-    # Tiny models: one thread per worker process beats two contended threads per process.
-    import torch
-
-    from . import plugins
-
-    torch.set_num_threads(1)
-    # the parent's plugins (ROBUSTBENCH_NACL_PLUGINS, and the installed entry points): a spawned
-    # worker has not imported them, and a forked one finds them loaded (a no-op)
-    plugins.load_plugins()
-
-
-def _train_job(entry: ZooEntry, ckpts: str, plan: DemoPlan, device: str) -> str:
-    from .training import train
-
-    d = checkpoint_dir(entry, ckpts)
-    cfg = entry.train_config(max_train=plan.max_train, knn_every=max(plan.epochs, 1))
-    train(cfg, d, device=device, resume=(d / "train_state.pt").exists(), progress=False)
-    return entry.id
-
-
-def _eval_job(ckpt: str, out: str, plan: DemoPlan, device: str, control: bool) -> int:
-    from .eval.evaluate import evaluate
-    from .eval.probe import ProbeConfig
-
-    rows = evaluate(
-        ckpt,
-        transfer=plan.target,
-        shift=plan.shift,
-        suite="paper",
-        out=out,
-        n_examples=plan.n_examples,
-        probe=ProbeConfig(epochs=plan.probe_epochs, seed=0, max_train=plan.max_train),
-        device=device,
-        control=control,
-        progress=False,
-    )
-    return len(rows)
-
-
-def _run_jobs(
-    pool: Executor | None, jobs: list[tuple[Any, ...]], fn: Any, desc: str, progress: bool
-) -> list[Any]:
-    """Run independent jobs in the worker pool (or inline without one); errors propagate."""
-    bar = tqdm(total=len(jobs), desc=desc, disable=not progress, unit="job")
-    results = []
-    try:
-        if pool is None:
-            for args in jobs:
-                results.append(fn(*args))
-                bar.update()
-        else:
-            for f in as_completed([pool.submit(fn, *args) for args in jobs]):
-                results.append(f.result())
-                bar.update()
-    finally:
-        bar.close()
-    return results
-
-
-def _make_pool(workers: int) -> Executor | None:
-    if workers <= 1:
-        return None
-    import multiprocessing as mp
-
-    # fork (where available) reuses the parent's imports: spawning re-imports torch and
-    # scikit-learn in every worker (~10 s each on 2 loaded cores). The parent has run no torch
-    # op yet, so no OpenMP pool exists to be forked.
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init_worker)
 
 
 def run_demo(
@@ -206,26 +135,8 @@ def run_demo(
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
     t0 = time.perf_counter()
-    entries = demo_entries(plan)
-
-    # ============ training the demo zoo (already-trained entries are skipped) ============
-    pool = _make_pool(workers)
-    try:
-        todo = [(e, str(ckpts), plan, device) for e in entries if not is_trained(e, ckpts)]
-        _run_jobs(pool, todo, _train_job, f"train demo zoo ({len(todo)} of {len(entries)})", progress)
-        t_train = time.perf_counter() - t0
-
-        # ============ evaluating every entry, and one random-init control per encoder ============
-        jobs = [(str(checkpoint_dir(e, ckpts)), str(base), plan, device, False) for e in entries]
-        first_per_encoder = {e.encoder: e for e in reversed(entries)}
-        jobs += [
-            (str(checkpoint_dir(e, ckpts)), str(base), plan, device, True) for e in first_per_encoder.values()
-        ]
-        _run_jobs(pool, jobs, _eval_job, "evaluate", progress)
-        t_eval = time.perf_counter() - t0 - t_train
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    run = run_entries(demo_entries(plan), ckpts, base, workers=workers, device=device, progress=progress)
+    t_train, t_eval = run.train_s, run.eval_s
 
     # ============ rendering the leaderboard ============
     files = render_leaderboard(

@@ -24,12 +24,14 @@ ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
 REPO_ZOO = Path(__file__).resolve().parents[1] / "zoo"
 # ids and zoo names are used as file names: no separators, no leading dot (so never "." or "..")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=,-]{0,199}")
-RECIPE_KEYS = {"epochs": int, "batch_size": int, "lr": float, "weight_decay": float}
+RECIPE_KEYS = {"epochs": int, "batch_size": int, "lr": float, "weight_decay": float, "max_train": int}
 EVAL_KEYS = {
     "transfer": (str, type(None)),
     "shift": (str, type(None)),
     "suite": str,
     "n_examples": (int, type(None)),
+    "probe_epochs": (int, type(None)),
+    "probe_max_train": (int, type(None)),
 }
 
 
@@ -135,6 +137,10 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
             raise bad(f"eval.{k} has the wrong type")
     if data["recipe"].get("epochs", 1) < 1 or data["recipe"].get("batch_size", 2) < 2:
         raise bad("recipe.epochs must be >= 1 and recipe.batch_size >= 2")
+    for where, key in (("recipe", "max_train"), ("eval", "probe_epochs"), ("eval", "probe_max_train")):
+        value = data.get(where, {}).get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise bad(f"{where}.{key} must be a whole number >= 1")
     for k in ("id", "zoo"):
         if not _SAFE_NAME.fullmatch(data[k]):
             # ids and zoo names become file and directory names: nothing may point outside --out
@@ -330,6 +336,51 @@ def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
                     overrides=overrides,
                     eval=dict(PAPER_EVAL),
                     description=PRESETS.get(loss).description + (f" [{tag}]" if tag else ""),
+                )
+            )
+    return out
+
+
+#: The reference zoo (leaderboard/README.md): sized by measurement to about 1 hour on 2 CPU cores.
+FMNIST_RECIPE = {
+    "epochs": 5,
+    "batch_size": 128,
+    "optimizer": "adam",
+    "lr": 3e-3,
+    "weight_decay": 0.0,
+    "max_train": 4096,
+}
+FMNIST_EVAL = {
+    "transfer": "fashion-mnist:5-9",
+    "shift": "crop,flip,jitter",  # on 1-channel images grayscale is the identity, grayscale+jitter is jitter
+    "suite": "fashion-mnist",
+    "n_examples": 1000,
+    "probe_epochs": 100,
+    "probe_max_train": 4096,
+}
+
+
+def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
+    """Fashion-MNIST classes 0-4, convnet_small (width 16): every preset, 3 seeds (the reference zoo)."""
+    from .losses import PRESETS
+
+    out = []
+    for name in PRESETS.names():
+        overrides = {"M": DEMO_M} if PRESETS.get(name).params.M > DEMO_M else {}
+        for s in seeds:
+            out.append(
+                ZooEntry(
+                    id=expected_id("convnet_small", name, "fashion-mnist:0-4", s),
+                    zoo="fashion-mnist",
+                    encoder="convnet_small",
+                    loss=name,
+                    dataset="fashion-mnist:0-4",
+                    seed=s,
+                    recipe=dict(FMNIST_RECIPE),
+                    encoder_kwargs={"width": 16},
+                    overrides=overrides,
+                    eval=dict(FMNIST_EVAL),
+                    description=PRESETS.get(name).description + (f" [M={DEMO_M}]" if overrides else ""),
                 )
             )
     return out
