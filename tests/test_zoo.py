@@ -27,6 +27,18 @@ def test_shipped_zoos_validate_and_match_their_generators() -> None:
     assert {(m, lam) for m in (2, 3, 4, 5) for lam in (0.5, 0.6, 0.7, 0.8, 0.9)} <= grid
 
 
+def test_the_reference_zoo_is_every_preset_on_fashion_mnist_with_three_seeds() -> None:
+    fm = zoo.load_zoo("fashion-mnist")
+    assert [e.to_dict() for e in fm] == sorted(
+        (e.to_dict() for e in zoo.fashion_mnist_zoo()), key=lambda d: d["id"]
+    )
+    assert {(e.loss, e.seed) for e in fm} == {(e.loss, s) for e in zoo.load_zoo("demo") for s in (0, 1, 2)}
+    assert {e.dataset for e in fm} == {"fashion-mnist:0-4"}
+    assert all(e.eval["transfer"] == "fashion-mnist:5-9" and e.eval["n_examples"] >= 1000 for e in fm)
+    # on one channel grayscale is the identity and grayscale+jitter is jitter: the others are run
+    assert {e.eval["shift"] for e in fm} == {"crop,flip,jitter"}
+
+
 def _entry(tmp: Path) -> zoo.ZooEntry:
     e = zoo.ZooEntry(
         id="convnet_small.simclr_digits-0-2_s0",
@@ -116,6 +128,9 @@ def test_verify_counts_what_it_verified_and_lists_what_is_missing(
         ({"extra": 1}, "unknown field"),
         ({"recipe": {"epochs": 0, "batch_size": 64}}, "epochs must be >= 1"),
         ({"weights_sha256": "xyz"}, "64 lowercase hex"),
+        ({"recipe": {"epochs": 1, "batch_size": 64, "max_train": 0}}, "recipe.max_train must be a whole"),
+        ({"eval": {"probe_epochs": 1.5}}, "wrong type"),
+        ({"eval": {"probe_max_train": -3}}, "eval.probe_max_train must be a whole"),
     ],
 )
 def test_invalid_manifests_are_one_line_errors(patch: dict, fragment: str) -> None:
