@@ -321,7 +321,7 @@ _TRAIN_HELP = {
 
 def run_train(args: argparse.Namespace) -> int:
     from .losses import parse_overrides
-    from .training import TrainConfig, train
+    from .training import TrainConfig, check_settings, distributed
 
     _writable_out(args.out)
     cfg = TrainConfig(
@@ -330,7 +330,44 @@ def run_train(args: argparse.Namespace) -> int:
         encoder_kwargs=_json_kv(args.encoder_arg),
         **config_values(TrainConfig, args, skip=_TRAIN_SPECIAL),
     )
-    out = train(cfg, args.out, device=args.device, resume=args.resume, progress=not args.no_progress)
+    launched = distributed.launched_world_size()
+    if args.nproc is not None and args.nproc < 1:
+        raise UserError(f"--nproc {args.nproc}: must be >= 1")
+    if args.nproc is not None and launched > 1 and args.nproc != launched:
+        raise UserError(f"--nproc {args.nproc} under a launcher of {launched} processes; leave --nproc out")
+    if (args.nproc or 1) > 1 and launched == 1:
+        # the one-line errors before any process starts; the workers run without --nproc
+        check_settings(cfg)
+        distributed.check_batch(cfg.batch_size, args.nproc)
+        if args.device.startswith("cuda"):
+            distributed.check_gpus(args.nproc)
+        return distributed.launch(args.nproc, distributed.strip_nproc(args._argv))
+    return _train_here(args, cfg)
+
+
+def _train_here(args: argparse.Namespace, cfg: Any) -> int:
+    """Train in this process: alone, or as one rank of a torchrun / ``--nproc`` group."""
+    from .training import distributed, train
+
+    device = distributed.init_from_env(args.device)
+    world = distributed.current_world()
+    try:
+        out = train(
+            cfg,
+            args.out,
+            device=device,
+            resume=args.resume,
+            progress=not args.no_progress,
+            sync_bn=args.sync_bn,
+        )
+    except UserError as e:
+        if world.main:
+            raise
+        return e.exit_code  # every rank meets the same error: rank 0 prints its one line
+    finally:
+        distributed.shutdown()
+    if not world.main:
+        return 0
     manifest = json.loads((out / "manifest.json").read_text())
     init = manifest.get("knn_acc_init")
     print(
@@ -357,6 +394,19 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on N local processes (torch's elastic launcher; gloo on cpu, nccl on cuda, one GPU "
+        "each), the global --batch-size split across them (as torchrun -m robustbench_nacl train)",
+    )
+    p.add_argument(
+        "--sync-bn",
+        action="store_true",
+        help="multi-process runs: BatchNorm statistics over the global batch (default: per process)",
+    )
     # every other TrainConfig field, with the dataclass's default: a new field needs no edit here
     add_config_flags(
         p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices={"precision": ["fp32", "bf16"]}
@@ -602,42 +652,117 @@ def _zoo_show(args: argparse.Namespace) -> int:
 
 
 def _zoo_train(args: argparse.Namespace) -> int:
-    from . import zoo
-    from .pipeline import train_entry
+    """Train the entries asked for that are not trained (or have a live job), with --launcher."""
+    from .launch import make_tasks
 
     _writable_out(args.out)
-    for e in _zoo_entries(args):
-        d = zoo.checkpoint_dir(e, args.out)
-        if zoo.is_trained(e, args.out):
-            print(f"{e.id}: already trained ({d})")
-            continue
-        train_entry(e, args.out, device=args.device, progress=True)
-        print(f"{e.id}: trained -> {d}")
-    return 0
+    options = _launch_options(args)
+    return _zoo_launch(
+        args, make_tasks(_zoo_entries(args), "train", args.out, args.leaderboard, args.device), options
+    )
 
 
 def _zoo_eval(args: argparse.Namespace) -> int:
     """Evaluate every trained entry asked for (and one random-init control per seed) into --leaderboard."""
     from . import zoo
-    from .pipeline import control_entries, eval_entry
+    from .launch import make_tasks
 
     refuse_reference_dir(args.leaderboard, "--leaderboard")
+    options = _launch_options(args)
     entries = _zoo_entries(args)
     trained = [e for e in entries if zoo.is_trained(e, args.out)]
     if not trained:
         raise UserError(
             f"none of the {len(entries)} entries is trained under {args.out}; run `zoo train` first"
         )
-    for e in trained:
-        n = eval_entry(e, args.out, args.leaderboard, device=args.device, progress=True)
-        print(f"{e.id}: {n} rows in {Path(args.leaderboard) / 'rows'}")
+    tasks = make_tasks(trained, "eval", args.out, args.leaderboard, args.device)
     if not args.no_controls:
-        for e in control_entries(trained):
-            n = eval_entry(e, args.out, args.leaderboard, device=args.device, control=True, progress=True)
-            print(f"random-init control of {e.id}: {n} rows")
+        tasks += make_tasks(trained, "control", args.out, args.leaderboard, args.device)
+    code = _zoo_launch(args, tasks, options)
     if len(trained) < len(entries):
         print(f"{len(entries) - len(trained)} entries are not trained under {args.out}: not evaluated")
-    return 0
+    return code
+
+
+def _launch_options(args: argparse.Namespace) -> Any:
+    """--launcher and the --slurm-* flags as LaunchOptions; a missing submitit is one line, here."""
+    from .launch import LAUNCHERS, LaunchOptions, require_submitit
+
+    LAUNCHERS.get(args.launcher)
+    slurm = {k: v for k, v in vars(args).items() if k.startswith("slurm_") and v not in (None, [])}
+    if args.launcher == "local" and slurm:
+        flags = ", ".join(flag_name(k) for k in slurm)
+        raise UserError(f"{flags}: for --launcher slurm or submitit-local, not for the local pool")
+    if args.launcher != "local":
+        require_submitit(args.launcher)
+    if args.launcher == "slurm" and args.slurm_time is None:
+        raise UserError(
+            "--launcher slurm needs --slurm-time MIN, each job's time limit (it is requeued at it)"
+        )
+    for name in ("slurm_gpus_per_job", "slurm_time", "slurm_array_parallelism", "slurm_cpus_per_task"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "slurm_gpus_per_job" else 1):
+            raise UserError(
+                f"{flag_name(name)} {value}: must be a whole number >= {int(name != 'slurm_gpus_per_job')}"
+            )
+    gpus = args.slurm_gpus_per_job
+    return LaunchOptions(
+        workers=args.workers,
+        partition=args.slurm_partition,
+        gpus_per_job=(1 if args.device.startswith("cuda") else 0) if gpus is None else gpus,
+        time_min=args.slurm_time,
+        array_parallelism=args.slurm_array_parallelism,
+        cpus_per_task=args.slurm_cpus_per_task,
+        slurm_args={str(k): str(v) for k, v in _json_kv(args.slurm_arg).items()},
+    )
+
+
+def _task_label(task: Any) -> str:
+    return f"random-init control of {task.entry.id}" if task.action == "control" else task.entry.id
+
+
+def _task_done_line(task: Any, result: Any = None) -> str:
+    """What `zoo train|eval` prints for a finished task (``result``: what a local run returned)."""
+    from . import zoo
+    from .pipeline import expected_rows
+
+    if task.action == "train":
+        d = zoo.checkpoint_dir(task.entry, task.ckpts)
+        return f"{task.entry.id}: " + (f"trained -> {d}" if result is not None else f"already trained ({d})")
+    n = expected_rows(task.entry) if result is None else result
+    where = f" in {Path(task.board) / 'rows'}" if task.action == "eval" else ""
+    return f"{_task_label(task)}: {n} rows{where}" + (
+        " (complete: not evaluated again)" if result is None else ""
+    )
+
+
+def _zoo_launch(args: argparse.Namespace, tasks: list[Any], options: Any) -> int:
+    """Skip finished tasks and live jobs, hand the rest to --launcher; with --wait (or local) report
+    each outcome. Exit 1 if a waited-for job failed."""
+    from . import launch
+
+    plan = launch.plan(tasks)
+    for st in plan.done:
+        print(_task_done_line(st.task))
+    for st in plan.live:
+        print(f"{_task_label(st.task)}: {st.detail}; not submitted again")
+    submitted = launch.launch(args.launcher, plan.todo, options)
+    if launch.LAUNCHERS.get(args.launcher).waits:
+        for sub in submitted:
+            print(_task_done_line(sub.task, sub.result))
+        return 0
+    if submitted:
+        ids = ", ".join(s.job_id for s in submitted[:4]) + (", ..." if len(submitted) > 4 else "")
+        print(
+            f"submitted {len(submitted)} {args.launcher} job(s) ({ids}); job records and logs under "
+            f"{launch.jobs_folder(args.out)}; `robustbench-nacl zoo status` shows where they stand"
+        )
+    if not args.wait or not submitted:
+        return 0
+    states = launch.wait(submitted)
+    for st in states:
+        print(f"{_task_label(st.task)}: {st.state}" + (f" ({st.detail})" if st.state != "done" else ""))
+    return 1 if any(st.state != "done" for st in states) else 0
 
 
 def _zoo_run(args: argparse.Namespace) -> int:
@@ -646,6 +771,11 @@ def _zoo_run(args: argparse.Namespace) -> int:
     from .pipeline import run_entries
     from .report.leaderboard import render_leaderboard
 
+    if args.launcher != "local":
+        raise UserError(
+            f"zoo run works in this process; with --launcher {args.launcher} run `zoo train`, then "
+            "`zoo eval` (each with --wait, or when `zoo status` says done), then `leaderboard`"
+        )
     refuse_reference_dir(args.leaderboard, "--leaderboard")
     _writable_out(args.out)
     t0 = time.perf_counter()
@@ -690,6 +820,38 @@ def _zoo_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_status(args: argparse.Namespace) -> int:
+    """One line per entry: where its training, evaluation and control stand, then a count per state."""
+    from tabulate import tabulate
+
+    from .launch import ACTIONS, zoo_status
+
+    entries = _zoo_entries(args)
+    states: dict[str, dict[str, Any]] = {}
+    for st in zoo_status(entries, args.out, args.leaderboard):
+        states.setdefault(st.task.entry.id, {})[st.task.action] = st
+    table = []
+    for e in entries:
+        mine = states.get(e.id, {})
+        cells = [
+            "-" if a not in mine else mine[a].state + (f" ({mine[a].job_id})" if mine[a].live else "")
+            for a in ACTIONS.names()
+        ]
+        why = [f"{a}: {st.detail}" for a, st in mine.items() if st.state not in ("done", "not started")]
+        table.append([e.id, *cells, "; ".join(why)])
+    print(tabulate(table, headers=["id", *ACTIONS.names(), "detail"], tablefmt="github"))
+    counts = []
+    for a in ACTIONS.names():
+        found = [mine[a].state for mine in states.values() if a in mine]
+        order = dict.fromkeys(
+            ["done", "running", "pending", "failed", "interrupted", "unknown", "not started"]
+        )
+        parts = [f"{found.count(s)} {s}" for s in order if found.count(s)]
+        counts.append(f"{a} {', '.join(parts) or 'none'}")
+    print(f"{len(entries)} entries (checkpoints {args.out}, rows {args.leaderboard}): " + "; ".join(counts))
+    return 0
+
+
 def _zoo_entries(args: argparse.Namespace) -> list[Any]:
     from . import zoo
 
@@ -703,6 +865,7 @@ _ZOO_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
     "eval": _zoo_eval,
     "run": _zoo_run,
     "verify": _zoo_verify,
+    "status": _zoo_status,
 }
 
 
@@ -710,7 +873,10 @@ def run_zoo(args: argparse.Namespace) -> int:
     return _ZOO_ACTIONS[args.action](args)
 
 
-@command("zoo", "list, show, train, eval, run (train + eval + render) or verify zoo entries (zoo/*/*.json)")
+@command(
+    "zoo",
+    "list, show, train, eval, run (train + eval + render), verify or status of zoo entries (zoo/*/*.json)",
+)
 def _zoo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=list(_ZOO_ACTIONS))
     p.add_argument("ids", nargs="*", help="entry ids (default: every entry of --zoo)")
@@ -726,9 +892,58 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
         help="eval/run: where result rows (LEADERBOARD/rows) and the rendered leaderboard go "
         "(default: %(default)s)",
     )
-    p.add_argument("--workers", type=int, default=1, help="run: parallel worker processes (default: 1)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="train/eval/run on the local pool: worker processes (default: 1)",
+    )
     p.add_argument("--no-controls", action="store_true", help="eval/run: no random-init controls")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | auto (in a job: cuda, never cuda:N)")
+    _launcher_args(p)
+
+
+def _launcher_args(p: argparse.ArgumentParser) -> None:
+    from .launch import LAUNCHERS
+
+    g = p.add_argument_group("where train/eval run (one job per entry; see README, 'Running on a cluster')")
+    g.add_argument(
+        "--launcher",
+        default="local",
+        choices=LAUNCHERS.names(),
+        help="local: this machine's process pool, done when the command returns (default); "
+        "submitit-local: background jobs on this machine through submitit; slurm: one Slurm job array "
+        "through submitit (pip install 'robustbench-nacl[cluster]'). Finished entries and entries "
+        "with a live job are not submitted again",
+    )
+    g.add_argument(
+        "--wait", action="store_true", help="submitit launchers: wait for the jobs; exit 1 if one failed"
+    )
+    g.add_argument("--slurm-partition", metavar="P", help="Slurm partition (default: the cluster's)")
+    g.add_argument(
+        "--slurm-gpus-per-job",
+        type=int,
+        metavar="G",
+        help="GPUs per job (default: 1 with --device cuda, else 0); a training job with G > 1 runs one "
+        "DDP process per GPU, an evaluation job uses one",
+    )
+    g.add_argument(
+        "--slurm-time",
+        type=int,
+        metavar="MIN",
+        help="each job's time limit in minutes (required by slurm); a job that reaches it, or is "
+        "preempted, is requeued and resumes from its last epoch",
+    )
+    g.add_argument(
+        "--slurm-array-parallelism", type=int, metavar="K", help="at most K jobs of the array at once"
+    )
+    g.add_argument("--slurm-cpus-per-task", type=int, metavar="N", help="CPUs per process")
+    g.add_argument(
+        "--slurm-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any other sbatch option, e.g. account=ABC, qos=high, constraint=a100 (repeatable)",
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:

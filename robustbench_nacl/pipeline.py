@@ -81,7 +81,9 @@ def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progres
     if not is_trained(entry, ckpts):
         # the kNN monitor at initialisation and after the last epoch only: it does not change the weights
         cfg = entry.train_config(knn_every=max(int(entry.recipe["epochs"]), 1))
-        train(cfg, d, device=device, resume=(d / "train_state.pt").exists(), progress=progress)
+        # sync_bn: in a multi-process job (launch, several GPUs) BatchNorm still sees the whole batch,
+        # so an entry's recipe does not depend on how many processes train it (one: a no-op)
+        train(cfg, d, device=device, resume=(d / "train_state.pt").exists(), progress=progress, sync_bn=True)
     return entry.id
 
 

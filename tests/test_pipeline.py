@@ -110,4 +110,5 @@ def test_zoo_eval_and_run_on_the_command_line(tmp_path: Path, cli_env: dict[str,
     assert "random-init" in table and "debiased" in table and "simclr" in table
     again = run_cli(["zoo", "eval", "--zoo", "t", "--out", ck, "--leaderboard", board], cli_env)
     assert again.returncode == 0 and again.stdout.count("rows in") == 2  # re-evaluation reuses the rows
-    assert len(_rows(tmp_path / "board")) == 3 * pipeline.expected_rows(zoo.load_zoo("t", tmp_path / "zoo")[0])
+    per_entry = pipeline.expected_rows(zoo.load_zoo("t", tmp_path / "zoo")[0])
+    assert len(_rows(tmp_path / "board")) == 3 * per_entry  # 2 entries + 1 control

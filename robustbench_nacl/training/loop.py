@@ -5,6 +5,10 @@ augmentation from a generator derived from (seed, epoch), so an epoch's randomne
 on what happened before it and a run resumed at an epoch boundary replays exactly (bit for bit on
 CPU). Every epoch end atomically saves weights, optimizer and RNG states to ``train_state.pt``; the
 manifest is written last and marks a finished run.
+
+Under a process group (torchrun, ``--nproc``) every rank runs this same loop on the global batches
+and only the model's forward is sharded (:mod:`.distributed`); rank 0 alone shows progress,
+computes the kNN monitor and writes files. Without one, nothing of that code runs.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
 from ..models.encoders import ContrastiveModel
 from ..models.features import extract_features, knn_accuracy
 from ..utils import device_name, resolve_device, seed_everything
+from . import distributed
 from .config import TrainConfig, check_settings, check_train_size
+from .distributed import World
 from .manifest import RunOutcome, build_manifest, run_id
 from .step import TrainStep, build_model
 
@@ -60,6 +66,19 @@ class _Run:
     start_epoch: int = 0
     elapsed: float = 0.0  # training seconds over all the processes of this run
     log: list[dict[str, Any]] = field(default_factory=list)
+    world: World = field(default_factory=World)
+    sync_bn: bool = False
+    net: torch.nn.Module | None = None  # what the step calls: ``model``, or its DDP wrapper
+
+    def dist_state(self) -> dict[str, Any] | None:
+        """What a resume must match besides the configuration: None for a single-process run."""
+        if not self.world.distributed:
+            return None
+        return {"world_size": self.world.size, "sync_bn": self.sync_bn}
+
+    def bn_shards(self) -> int:
+        """Into how many shards BatchNorm splits each batch (1: the whole batch)."""
+        return distributed.bn_shards(self.world, self.sync_bn) if self.world.distributed else 1
 
     def knn_acc(self) -> float | None:
         """The latest kNN accuracy the log holds."""
@@ -77,29 +96,39 @@ def train(
     device: str | None = None,
     resume: bool = False,
     progress: bool = True,
+    sync_bn: bool = False,
 ) -> Path:
     """Train one encoder; writes ``weights.safetensors`` + ``manifest.json`` into ``out``.
 
     Every epoch end atomically saves weights, optimizer and RNG states to ``train_state.pt``;
-    ``resume=True`` continues from it. Returns the output directory.
+    ``resume=True`` continues from it. Returns the output directory. In an initialised process
+    group every rank calls this: the global batch is split across them (``sync_bn``: BatchNorm
+    statistics over the global batch; with one process they always are).
     """
     out = Path(out)
     check_settings(cfg)
+    world = distributed.current_world()
+    if world.distributed:
+        distributed.check_batch(cfg.batch_size, world.size)
     dev = resolve_device(device)
     params = losses.resolve(cfg.loss, cfg.overrides)
     # looked up before anything is loaded or written: an unknown name fails first
     objective = losses.OBJECTIVES.get(params.objective)
     view_maker = augment.VIEW_MAKERS.get(params.views)
-    if _check_out(out, cfg, resume):
+    finished = _check_out(out, cfg, resume)
+    distributed.check_agree(world, int(finished), dev, f"states of {out} (finished or not)")
+    if finished:
         return _finished(out, cfg)
-    run = _start(cfg, params, out, dev, _load_data(cfg, dev), resume)
-    step = TrainStep(cfg, params, run.model, run.optimizer, objective=objective, view_maker=view_maker)
-    if not run.log and cfg.knn_every > 0:
+    run = _start(cfg, params, out, dev, _load_data(cfg, dev), resume, world, sync_bn)
+    step = TrainStep(cfg, params, run.net, run.optimizer, objective=objective, view_maker=view_maker)
+    if not run.log and cfg.knn_every > 0 and world.main:
         # epoch 0: the same encoder at random initialisation, the baseline training must beat
         run.log.append({"epoch": 0, "test_knn_acc": _knn(run.model, run.data.train, run.data.test, cfg)})
-    _train_epochs(run, step, progress)
-    _write_checkpoint(run, params)
-    (out / STATE).unlink(missing_ok=True)
+    _train_epochs(run, step, progress and world.main)
+    if world.main:
+        _write_checkpoint(run, params)
+        (out / STATE).unlink(missing_ok=True)
+    distributed.barrier(world)  # every rank returns once the checkpoint exists
     return out
 
 
@@ -132,25 +161,50 @@ def _load_data(cfg: TrainConfig, dev: torch.device) -> _Data:
 
 
 def _start(
-    cfg: TrainConfig, params: losses.LossParams, out: Path, dev: torch.device, data: _Data, resume: bool
+    cfg: TrainConfig,
+    params: losses.LossParams,
+    out: Path,
+    dev: torch.device,
+    data: _Data,
+    resume: bool,
+    world: World,
+    sync_bn: bool,
 ) -> _Run:
-    """The seeded model and optimizer, continued from ``train_state.pt`` when resuming."""
+    """The seeded model and optimizer, continued from ``train_state.pt`` when resuming (every rank
+    reads it), wrapped for DDP under a process group."""
     _, channels, h, w = data.train.x.shape
     seed_everything(cfg.seed)
     model = build_model(cfg, params, channels=channels, size=(h, w), num_classes=data.train.num_classes)
     model = model.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    run = _Run(cfg, out, dev, data, model, optimizer)
+    run = _Run(cfg, out, dev, data, model, optimizer, world=world, sync_bn=sync_bn, net=model)
     if resume and (out / STATE).exists():
         state = _load_state(out / STATE)
         if state["config"] != _json_config(cfg):
             raise UserError(f"{out} was started with a different configuration; resume with the same flags")
+        if state.get("distributed") != run.dist_state():
+            raise UserError(
+                f"{out} was started with {_processes(state.get('distributed'))}, this run has "
+                f"{_processes(run.dist_state())}; resume on the same number of processes"
+            )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         run.start_epoch, run.elapsed, run.log = state["epoch"], state["elapsed"], state["log"]
-    out.mkdir(parents=True, exist_ok=True)
+    distributed.check_agree(world, run.start_epoch, dev, f"epochs to resume from in {out / STATE}")
+    if world.distributed:
+        run.net = distributed.wrap(model, cfg.batch_size, world, sync_bn)
+    if world.main:
+        out.mkdir(parents=True, exist_ok=True)
     return run
+
+
+def _processes(dist_state: dict[str, Any] | None) -> str:
+    """A saved or current world, in words."""
+    if dist_state is None:
+        return "one process (no process group)"
+    sync = ", --sync-bn" if dist_state["sync_bn"] else ""
+    return f"{dist_state['world_size']} processes{sync}"
 
 
 def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
@@ -158,13 +212,15 @@ def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
     cfg = run.cfg
     epochs = tqdm(
         range(run.start_epoch, cfg.epochs),
-        desc=f"train {run_id(cfg)}",
+        desc=f"train {run_id(cfg, bn_shards=run.bn_shards())}",
         disable=not progress,
         initial=run.start_epoch,
         total=cfg.epochs,
     )
     for epoch in epochs:
         row = _train_epoch(run, step, epoch, progress)
+        if not run.world.main:
+            continue  # the other ranks go on to the next epoch's first collective and wait there
         if (cfg.knn_every > 0 and (epoch + 1) % cfg.knn_every == 0) or epoch + 1 == cfg.epochs:
             row["test_knn_acc"] = _knn(run.model, run.data.train, run.data.test, cfg)
         run.log.append(row)
@@ -172,7 +228,7 @@ def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
         epochs.set_postfix(
             loss=f"{row['train_loss']:.4f}", knn=f"{knn_acc:.3f}" if knn_acc is not None else "-"
         )
-        _save_state(run.out / STATE, run.model, run.optimizer, cfg, epoch + 1, run.elapsed, run.log)
+        _save_state(run, epoch + 1)
         with atomic_open(run.out / LOG, "w") as f:
             f.write("".join(json.dumps(r) + "\n" for r in run.log))
 
@@ -184,7 +240,7 @@ def _train_epoch(run: _Run, step_fn: TrainStep, epoch: int, progress: bool) -> d
     t0 = time.perf_counter()
     gen = _epoch_generator(cfg.seed, epoch, run.dev)
     perm = torch.randperm(len(run.data.train), generator=gen, device=run.dev)
-    run.model.train()
+    step_fn.model.train()  # run.model itself, or the DDP wrapper around it
     total, stats_sum = 0.0, {}
     for step in tqdm(range(steps), desc=f"epoch {epoch + 1}", leave=False, disable=not progress):
         idx = perm[step * batch : (step + 1) * batch]
@@ -216,7 +272,11 @@ def _write_checkpoint(run: _Run, params: losses.LossParams) -> None:
         knn_acc=run.knn_acc(),
         knn_acc_init=run.knn_init(),
     )
-    write_manifest(run.out, build_manifest(run.cfg, params, outcome))
+    block = None
+    if run.world.distributed:
+        block = distributed.manifest_block(run.world, run.cfg.batch_size, run.sync_bn)
+    manifest = build_manifest(run.cfg, params, outcome, distributed=block, bn_shards=run.bn_shards())
+    write_manifest(run.out, manifest)
 
 
 def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
@@ -267,23 +327,17 @@ def _knn(model: ContrastiveModel, train_set: ImageData, test_set: ImageData, cfg
     )
 
 
-def _save_state(
-    path: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    cfg: TrainConfig,
-    epoch: int,
-    elapsed: float,
-    log: list[dict[str, Any]],
-) -> None:
+def _save_state(run: _Run, epoch: int) -> None:
     state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
         "torch_rng": torch.get_rng_state(),
-        "config": _json_config(cfg),
+        "config": _json_config(run.cfg),
         "epoch": epoch,
-        "elapsed": elapsed,
-        "log": log,
+        "elapsed": run.elapsed,
+        "log": run.log,
     }
-    with atomic_open(path, "wb") as f:
+    if run.world.distributed:  # only then: a single-process state holds what it always did
+        state["distributed"] = run.dist_state()
+    with atomic_open(run.out / STATE, "wb") as f:
         torch.save(state, f)

@@ -40,8 +40,15 @@ ID_HASH_CHARS = 8
 OPTIMIZER = "adam"  # Adam, no schedule (the CLAE/NaCl recipe)
 
 
-def training_config(cfg: TrainConfig, params: losses.LossParams | None = None) -> dict[str, Any]:
-    """Everything that determines the weights, as plain JSON (``params``: resolved from ``cfg`` if None)."""
+def training_config(
+    cfg: TrainConfig, params: losses.LossParams | None = None, *, bn_shards: int = 1
+) -> dict[str, Any]:
+    """Everything that determines the weights, as plain JSON (``params``: resolved from ``cfg`` if None).
+
+    ``bn_shards``: into how many shards BatchNorm splits each batch (a multi-process run without
+    ``--sync-bn``); recorded as ``per_rank_batchnorm`` only when > 1 (docs/decisions.md,
+    'Distributed training').
+    """
     params = params if params is not None else losses.resolve(cfg.loss, cfg.overrides)
     out = {k: v for k, v in cfg.to_dict().items() if k not in NOT_TRAINING}
     out["dataset"] = canonical_spec(cfg.dataset)  # digits:0,1,2 and digits:0-2 are one dataset
@@ -53,6 +60,8 @@ def training_config(cfg: TrainConfig, params: losses.LossParams | None = None) -
         out["plugins"] = used
     if cfg.encoder.startswith(TIMM_PREFIX):
         out["timm"] = _timm_version()  # timm's architectures change between releases
+    if bn_shards > 1:  # BatchNorm statistics over batch_size / bn_shards images: another recipe
+        out["per_rank_batchnorm"] = bn_shards
     return out
 
 
@@ -85,7 +94,7 @@ def recipe_sha256(training: dict[str, Any]) -> str:
     return config_sha256({k: v for k, v in training.items() if k != "seed"})
 
 
-def run_id(cfg: TrainConfig, params: losses.LossParams | None = None) -> str:
+def run_id(cfg: TrainConfig, params: losses.LossParams | None = None, *, bn_shards: int = 1) -> str:
     """``cfg.id``, or ``<encoder>.<preset>_<dataset>_s<seed>_<hash>`` (the canonical dataset spec
     made filename-safe).
 
@@ -95,7 +104,7 @@ def run_id(cfg: TrainConfig, params: losses.LossParams | None = None) -> str:
     """
     if cfg.id:
         return cfg.id
-    training = training_config(cfg, params)
+    training = training_config(cfg, params, bn_shards=bn_shards)
     ds = training["dataset"].replace(":", "-").replace("@", "+").replace(",", "_")
     digest = config_sha256(training)[:ID_HASH_CHARS]
     # the id names a folder: timm:NAME (and a hub name's "/") must not reach the file system
@@ -117,12 +126,23 @@ class RunOutcome:
     knn_acc_init: float | None  # the same encoder before training (epoch 0)
 
 
-def build_manifest(cfg: TrainConfig, params: losses.LossParams, outcome: RunOutcome) -> dict[str, Any]:
-    """The content of ``manifest.json`` (see the module docstring for the identity keys)."""
+def build_manifest(
+    cfg: TrainConfig,
+    params: losses.LossParams,
+    outcome: RunOutcome,
+    *,
+    distributed: dict[str, Any] | None = None,
+    bn_shards: int = 1,
+) -> dict[str, Any]:
+    """The content of ``manifest.json`` (see the module docstring for the identity keys).
+
+    ``distributed``: the process group's block (world size, backend, ...), present only for a run
+    trained under one; ``bn_shards`` as in :func:`training_config`.
+    """
     need = losses.needs(params)
-    training = training_config(cfg, params)
-    return {
-        "id": run_id(cfg, params),
+    training = training_config(cfg, params, bn_shards=bn_shards)
+    manifest = {
+        "id": run_id(cfg, params, bn_shards=bn_shards),
         "encoder": cfg.encoder,
         "encoder_kwargs": cfg.encoder_kwargs,
         "in_channels": outcome.in_channels,
@@ -152,6 +172,9 @@ def build_manifest(cfg: TrainConfig, params: losses.LossParams, outcome: RunOutc
         "config_sha256": config_sha256(training),
         "recipe_sha256": recipe_sha256(training),
     }
+    if distributed is not None:
+        manifest["distributed"] = distributed
+    return manifest
 
 
 def _recipe_summary(cfg: TrainConfig, params: losses.LossParams) -> dict[str, Any]:
