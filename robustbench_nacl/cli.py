@@ -666,12 +666,15 @@ def _zoo_eval(args: argparse.Namespace) -> int:
     """Evaluate every trained entry asked for (and one random-init control per seed) into --leaderboard."""
     from . import zoo
     from .launch import make_tasks
+    from .pipeline import expected_rows, rows_done
 
     refuse_reference_dir(args.leaderboard, "--leaderboard")
     options = _launch_options(args)
     entries = _zoo_entries(args)
     trained = [e for e in entries if zoo.is_trained(e, args.out)]
-    if not trained:
+    complete = rows_done(args.leaderboard)  # rows committed without their checkpoints count as done
+    missing = [e for e in entries if e not in trained and complete.get(e.id, 0) < expected_rows(e)]
+    if not trained and missing:
         raise UserError(
             f"none of the {len(entries)} entries is trained under {args.out}; run `zoo train` first"
         )
@@ -679,8 +682,10 @@ def _zoo_eval(args: argparse.Namespace) -> int:
     if not args.no_controls:
         tasks += make_tasks(trained, "control", args.out, args.leaderboard, args.device)
     code = _zoo_launch(args, tasks, options)
-    if len(trained) < len(entries):
-        print(f"{len(entries) - len(trained)} entries are not trained under {args.out}: not evaluated")
+    if missing:
+        print(f"{len(missing)} entries are not trained under {args.out}: not evaluated")
+    if not trained:
+        print(f"the rows of all {len(entries)} entries are complete under {args.leaderboard}")
     return code
 
 
@@ -788,7 +793,9 @@ def _zoo_run(args: argparse.Namespace) -> int:
         device=args.device,
         controls=not args.no_controls,
     )
-    files = render_leaderboard(load_rows(args.leaderboard), args.leaderboard, command=_command_line(args))
+    files = render_leaderboard(
+        load_rows(args.leaderboard), args.leaderboard, command=_command_line(args), rank_by=args.rank_by
+    )
     print(
         f"{len(entries)} entries: {run.trained} trained ({run.train_s:.0f} s), {run.evaluated} evaluations "
         f"({run.eval_s:.0f} s), {run.skipped} already complete; {time.perf_counter() - t0:.0f} s in all\n"
@@ -899,6 +906,13 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
         help="train/eval/run on the local pool: worker processes (default: 1)",
     )
     p.add_argument("--no-controls", action="store_true", help="eval/run: no random-init controls")
+    p.add_argument(
+        "--rank-by",
+        default=None,
+        metavar="METRIC",
+        help="run: the leaderboard's ranking metric, as `leaderboard --rank-by` (default: the worst case "
+        "at the suite's largest epsilon)",
+    )
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto (in a job: cuda, never cuda:N)")
     _launcher_args(p)
 

@@ -309,7 +309,7 @@ def _executor_parameters(cluster: str, action: str, opts: LaunchOptions) -> dict
     return {
         "name": f"rbn-{action}",
         "timeout_min": opts.time_min or default_time,
-        "gpus_per_node": gpus,
+        "gpus_per_node": gpus or None,  # no --gpus-per-node=0 line: clusters without GPU gres refuse it
         "tasks_per_node": max(gpus, 1),  # one process per GPU: DDP inside the job
         "cpus_per_task": opts.cpus_per_task,
         "slurm_partition": opts.partition,

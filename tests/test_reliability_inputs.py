@@ -299,7 +299,7 @@ EVAL_BAD = {
     # case: (flags, fragments)
     "unknown suite": (
         ["--suite", "nope"],
-        ("unknown attack suite 'nope'", "available: autoattack, l2, paper, quick"),
+        ("unknown attack suite 'nope'", "available: autoattack, fashion-mnist, l2, paper, quick"),
     ),
     "unknown attack": (
         ["--suite", '[[attack]]\nname = "fgsn"\neps = [0.1]\n'],
@@ -438,7 +438,7 @@ def test_zoo_choices_and_a_forged_checkpoint_manifest(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rc, _, err = cli(["zoo", "list", "--zoo", "nope"], capsys)
-    one_line_error(rc, err, "unknown zoo 'nope'", "valid choices: demo, paper", command="zoo")
+    one_line_error(rc, err, "unknown zoo 'nope'", "valid choices: demo, fashion-mnist, paper", command="zoo")
     rc, _, err = cli(["zoo", "show", "convnet_small.simclr_digits-0-4_s9"], capsys)
     one_line_error(rc, err, "did you mean convnet_small.simclr_digits-0-4_s0", command="zoo")
     # `zoo verify` over a checkpoint whose manifest was tampered with: reported, no traceback

@@ -33,9 +33,10 @@ from ..utils import resolve_device
 #: the process-group backend of each device type: the same code runs on both
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 #: how long a collective waits for a rank that is alive but not taking part (rank 0 writing the
-#: epoch's state or computing the kNN monitor) before the group fails; a rank that dies makes its
-#: peers fail at once (closed connections) and the elastic agent then ends the whole group
-TIMEOUT = datetime.timedelta(minutes=10)
+#: epoch's state or computing the kNN monitor, which for a ResNet on CIFAR on a CPU takes minutes)
+#: before the group fails; a rank that dies makes its peers fail at once (closed connections) and
+#: the elastic agent then ends the whole group, so this only bounds a hung rank
+TIMEOUT = datetime.timedelta(minutes=60)
 
 
 @dataclass(frozen=True)
@@ -296,13 +297,20 @@ def launch(nproc: int, argv: list[str]) -> int:
     A process that fails ends the group (the agent stops the others). The exit code is the
     failed ranks' own (2: a user error, printed by rank 0; 3: a non-finite loss), else 1.
     """
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _quiet_elastic()
     # torchrun's default: N processes on the same cores must not each start one thread per core
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # the agent's per-run log folder would otherwise stay behind in /tmp after every run
+    logs = tempfile.TemporaryDirectory(prefix="robustbench-nacl-elastic-")
     config = LaunchConfig(
+        logs_specs=DefaultLogsSpecs(log_dir=logs.name),
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -314,13 +322,23 @@ def launch(nproc: int, argv: list[str]) -> int:
     )
     try:
         elastic_launch(config, sys.executable)("-m", "robustbench_nacl", *argv)
+    except SignalException:  # Ctrl-C / SIGTERM reached the agent: it has stopped the workers
+        raise KeyboardInterrupt from None
     except ChildFailedError as e:
         codes = sorted(f.exitcode for f in e.failures.values())
         own = [c for c in codes if c > 1]
         if own:
             return own[0]
-        print(f"robustbench-nacl train: error: {e.get_first_failure()[1].message}", file=sys.stderr)
+        rank, failure = e.get_first_failure()
+        message = failure.message if "traceback see" not in str(failure.message) else ""
+        print(
+            f"robustbench-nacl train: error: process {rank} failed (exit code {failure.exitcode})"
+            + (f": {message}" if message else "; its own error is printed above"),
+            file=sys.stderr,
+        )
         return 1
+    finally:
+        logs.cleanup()
     return 0
 
 
