@@ -51,3 +51,14 @@ def test_rows_cover_every_preset_and_the_control_with_three_seeds_in_every_setti
     assert {r["n_examples_evaluated"] for r in rows} == {1000}
     # one protocol per setting: every family is ranked in the same tables
     assert len({r["protocol_id"] for r in rows}) == len(datasets)
+
+
+def test_the_legend_names_each_pgd_setting_of_the_suite_with_its_epsilons(rows: list) -> None:
+    legend = (BOARD / "LEADERBOARD.md").read_text().split("\n## ")[0]
+    for params, eps in (
+        ("restarts=2, step_size=0.01", "0.51/255"),
+        ("step_size=0.008, steps=10", "8.16/255"),
+    ):
+        assert f"{params}" in legend and f" at {eps}" in legend
+    settings = {json.dumps(r["attack_params"], sort_keys=True) for r in rows if r["attack"] == "pgd"}
+    assert len(settings) == 3 == legend.count("early_stop=True")

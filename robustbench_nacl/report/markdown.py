@@ -228,14 +228,22 @@ TABLES: dict[str, Callable[[Context, Table], list[str]]] = {
 # ============ legend ============
 
 
-def _attack_params_text(rows: Sequence[Mapping[str, Any]], attack: str, eps: float) -> str:
-    params = distinct(
-        json.dumps(r.get("attack_params") or {}, sort_keys=True)
-        for r in rows
-        if r["attack"] == attack and math.isclose(float(r["eps"]), eps)
+def _attack_params_text(rows: Sequence[Mapping[str, Any]], attack: str) -> str:
+    """The attack's parameters; where the suite runs it with several settings, each with its epsilons."""
+    by_params: dict[str, list[float]] = {}
+    for r in rows:
+        if r["attack"] == attack:
+            eps = by_params.setdefault(json.dumps(r.get("attack_params") or {}, sort_keys=True), [])
+            if not any(math.isclose(float(r["eps"]), e) for e in eps):
+                eps.append(float(r["eps"]))
+    texts = {p: ", ".join(f"{k}={v}" for k, v in json.loads(p).items()) for p in by_params}
+    if len(by_params) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(
+        f"{texts[p]} at {', '.join(eps_label(e) for e in sorted(eps))}"
+        for p, eps in by_params.items()
+        if texts[p]
     )
-    texts = [", ".join(f"{k}={v}" for k, v in json.loads(p).items()) for p in params]
-    return "; ".join(t for t in texts if t)
 
 
 def legend(ctx: Context, command: str | None, dropped: int) -> tuple[str, list[tuple[str, str]]]:
@@ -245,7 +253,7 @@ def legend(ctx: Context, command: str | None, dropped: int) -> tuple[str, list[t
     recipes = {e.recipe.recipe_id for e in ctx.entries}
     runs = {(e.recipe.recipe_id, run) for e in ctx.entries for run in e.runs}
     pkg = ", ".join(f"{k} {'/'.join(v)}" for k, v in p["versions"].items() if k != "python") or "unknown"
-    pgd = _attack_params_text(ctx.rows, "pgd", ctx.headline_eps)
+    pgd = _attack_params_text(ctx.rows, "pgd")
     lead = f"Rendered from {p['n_rows']} result rows ({len(runs)} runs of {len(recipes)} recipes)"
     lead = f"{lead}; produced by `{command}`." if command else f"{lead}."
     items = [
