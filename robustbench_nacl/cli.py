@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import os
 import re
 import shlex
 import sys
@@ -349,7 +350,14 @@ def _train_here(args: argparse.Namespace, cfg: Any) -> int:
     """Train in this process: alone, or as one rank of a torchrun / ``--nproc`` group."""
     from .training import distributed, train
 
-    device = distributed.init_from_env(args.device)
+    try:
+        device = distributed.init_from_env(args.device)
+    except UserError as e:
+        # every rank meets the same device error before the group exists: rank 0 (torchrun's RANK)
+        # prints its one line, the others leave quietly
+        if os.environ.get("RANK", "0") == "0":
+            raise
+        return e.exit_code
     world = distributed.current_world()
     try:
         out = train(
