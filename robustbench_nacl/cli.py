@@ -388,6 +388,7 @@ def _train_here(args: argparse.Namespace, cfg: Any) -> int:
 
 @command("train", "train one encoder with one loss preset")
 def _train_args(p: argparse.ArgumentParser) -> None:
+    _deterministic_flag(p)
     from .losses import PRESETS
     from .training import TrainConfig
 
@@ -495,6 +496,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 @command("eval", "probe and attack an encoder checkpoint; writes content-addressed result rows")
 def _eval_args(p: argparse.ArgumentParser) -> None:
+    _deterministic_flag(p)
     from .eval.probe import ProbeConfig
 
     p.add_argument(
@@ -893,6 +895,7 @@ def run_zoo(args: argparse.Namespace) -> int:
     "list, show, train, eval, run (train + eval + render), verify or status of zoo entries (zoo/*/*.json)",
 )
 def _zoo_args(p: argparse.ArgumentParser) -> None:
+    _deterministic_flag(p)
     p.add_argument("action", choices=list(_ZOO_ACTIONS))
     p.add_argument("ids", nargs="*", help="entry ids (default: every entry of --zoo)")
     p.add_argument("--zoo", default=None, help="which zoo: demo | fashion-mnist | paper (default: all)")
@@ -1012,6 +1015,15 @@ PLUGIN_HELP = (
 )
 
 
+def _deterministic_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="CUDA: deterministic algorithms and cuDNN kernels, CUBLAS_WORKSPACE_CONFIG (slower; "
+        "docs/decisions.md, 'Determinism on CUDA'); no effect on CPU results",
+    )
+
+
 def _add_plugin_flag(p: argparse.ArgumentParser, dest: str = "plugin") -> None:
     p.add_argument("--plugin", action="append", default=[], dest=dest, metavar="MODULE", help=PLUGIN_HELP)
 
@@ -1067,6 +1079,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args._argv = argv  # for the provenance line of what a command writes (no absolute paths)
     _, runner = COMMANDS.get(args.command)
+    if getattr(args, "deterministic", False):
+        from .utils import set_deterministic
+
+        set_deterministic()
     try:
         # the parsed values again (a no-op for those loaded above): an abbreviated --plug also counts
         plugins.load_plugins([*args.plugin_top, *args.plugin], entry_points=False)

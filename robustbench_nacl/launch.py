@@ -114,8 +114,10 @@ class Task:
     def __call__(self) -> Any:
         """Run the work in this process (inside a submitit job: as one rank of it)."""
         from . import plugins
+        from .utils import deterministic_from_env
 
         plugins.load_plugins(self.plugins)  # a no-op for those loaded already
+        deterministic_from_env()  # the submitting command's --deterministic, in a job of its own
         if os.environ.get("SUBMITIT_EXECUTOR"):
             return _run_in_job(self)
         return ACTIONS.get(self.action).run(self)
@@ -292,7 +294,8 @@ def _submit_local(tasks: list[Task], opts: LaunchOptions) -> list[Submitted]:
         # best effort: evaluating checkpoints in a read-only folder (someone else's) runs unrecorded
         with contextlib.suppress(UserError):
             _write_record(t, "local", str(os.getpid()), None, proc_start=_proc_start(os.getpid()))
-    pool = make_pool(opts.workers)
+    cuda = any(t.device.startswith("cuda") for t in tasks)
+    pool = make_pool(opts.workers, "cuda" if cuda else "cpu")
     try:
         jobs = [(_Recorded(i, t),) for i, t in enumerate(tasks)]
         results = dict(run_jobs(pool, jobs, _call, f"{len(tasks)} jobs", progress=not inline))

@@ -29,25 +29,39 @@ def _init_worker() -> None:
     # Tiny models: one thread per worker process beats two contended threads per process.
     import torch
 
-    from . import plugins
+    from . import plugins, utils
 
     torch.set_num_threads(1)
+    utils.deterministic_from_env()  # the parent's --deterministic (a spawned worker has not run it)
     # the parent's plugins (ROBUSTBENCH_NACL_PLUGINS, and the installed entry points): a spawned
     # worker has not imported them, and a forked one finds them loaded (a no-op)
     plugins.load_plugins()
 
 
-def make_pool(workers: int) -> Executor | None:
+def make_pool(workers: int, device: str = "cpu") -> Executor | None:
     """A process pool of ``workers`` single-threaded workers (None for one: run inline)."""
     if workers <= 1:
         return None
     import multiprocessing as mp
 
-    # fork (where available) reuses the parent's imports: spawning re-imports torch and
-    # scikit-learn in every worker (~10 s each on 2 loaded cores). The parent has run no torch
-    # op yet, so no OpenMP pool exists to be forked.
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    method = start_method(device)
     return ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init_worker)
+
+
+def start_method(device: str) -> str:
+    """How the pool starts its workers for jobs on ``device``.
+
+    spawn for CUDA: a forked child of a parent that has touched CUDA (a device query is enough)
+    fails at its first CUDA call, and whether the parent has is not this function's to know. fork
+    elsewhere (where available) reuses the parent's imports: spawning re-imports torch and
+    scikit-learn in every worker (~10 s each on 2 loaded cores). The parent has run no torch op
+    yet, so no OpenMP pool exists to be forked.
+    """
+    import multiprocessing as mp
+
+    if str(device).startswith("cuda") or "fork" not in mp.get_all_start_methods():
+        return "spawn"
+    return "fork"
 
 
 def run_jobs(
@@ -196,7 +210,7 @@ def run_entries(
     ctl = [e for e in control_entries(entries) if controls and done.get(control_id(e), 0) < expected_rows(e)]
     need = {e.id: e for e in [*todo, *ctl]}
     t0 = time.perf_counter()
-    pool = make_pool(workers)
+    pool = make_pool(workers, device)
     try:
         train_jobs = [(e, str(ckpts), device) for e in need.values() if not is_trained(e, ckpts)]
         run_jobs(pool, train_jobs, train_entry, f"train ({len(train_jobs)} of {len(entries)})", progress)

@@ -74,3 +74,51 @@ def refuse_unsafe_torch_env() -> None:
     """Refuse to run when an env override would silently re-enable full unpickling in torch.load."""
     if os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "").strip() not in ("", "0"):
         raise UserError("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set, which lets checkpoints run code; unset it")
+
+
+#: cuBLAS's documented setting for reproducible matmuls (its workspaces split work the same way on
+#: every run); read when cuBLAS initialises, so it must be set before the first CUDA matmul
+CUBLAS_WORKSPACE = ":4096:8"
+#: how a process started by this one (a zoo worker, a job) learns that ``--deterministic`` was given
+DETERMINISTIC_ENV = "ROBUSTBENCH_NACL_DETERMINISTIC"
+
+
+def set_deterministic() -> None:
+    """``--deterministic``: the CUDA settings that make repeated runs reproducible where torch can.
+
+    ``torch.use_deterministic_algorithms(True, warn_only=True)``, ``cudnn.deterministic = True``,
+    ``cudnn.benchmark = False`` and ``CUBLAS_WORKSPACE_CONFIG`` (unless already set). ``warn_only``:
+    some ops every encoder here uses have no deterministic CUDA kernel (adaptive average pooling's
+    backward, NLL loss); they warn instead of failing, and stay nondeterministic (docs/decisions.md,
+    'Determinism on CUDA'). Inherited by the processes this one starts, through the environment.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    os.environ[DETERMINISTIC_ENV] = "1"
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def deterministic_from_env() -> None:
+    """In a worker process: :func:`set_deterministic` when the parent ran with ``--deterministic``."""
+    if os.environ.get(DETERMINISTIC_ENV) == "1":
+        set_deterministic()
+
+
+@contextlib.contextmanager
+def ieee_fp32() -> Iterator[None]:
+    """Run the body with TF32 off for float32 matmuls and cuDNN convolutions (restored after).
+
+    TF32 (on by default for cuDNN convolutions on Ampere and later GPUs) rounds inputs to a 10-bit
+    mantissa, about 1e-3 relative: enough to move logits past a 1e-4 comparison. Uses torch's
+    ``fp32_precision`` settings (torch >= 2.9); a no-op for CPU computations.
+    """
+    settings = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+    old = [s.fp32_precision for s in settings]
+    try:
+        for s in settings:
+            s.fp32_precision = "ieee"
+        yield
+    finally:
+        for s, value in zip(settings, old, strict=True):
+            s.fp32_precision = value

@@ -175,7 +175,7 @@ def test_robust_switches_reach_the_objective(anchors: str, w_grad: bool) -> None
     else:
         kw = {"estimator": "g2", "temperature": T, "tau_plus": TAU, "beta": BETA}
         ref = robust_rows(z0, zadv, w_hat(z0, z1, **kw), **kw).mean().item()
-    assert stats["robust_loss"] == pytest.approx(ref, rel=1e-12)
+    assert float(stats["robust_loss"]) == pytest.approx(ref, rel=1e-12)
 
 
 # ============ VAR: one-sided anchors ============

@@ -651,13 +651,15 @@ def _check_nonneg(x: Tensor) -> None:
         )
 
 
-def geometric_mix(x: Tensor, gen: torch.Generator, alpha: float) -> Tensor:
+def geometric_mix(x: Tensor, gen: torch.Generator, alpha: float, *, checked: bool = False) -> Tensor:
     """Geometric-Mixup positive ``x^lam * x~^(1 - lam)``, ``lam ~ U(alpha, 1)``; needs ``x >= 0``.
 
     Geometric mixing does not commute with normalisation, so apply it to [0, 1] pixels; negative inputs
-    would give NaNs and raise ``ValueError``.
+    would give NaNs and raise ``ValueError``. ``checked=True``: the caller has established ``x >= 0``
+    (the check reads a value back from the device: a host sync).
     """
-    _check_nonneg(x)
+    if not checked:
+        _check_nonneg(x)
     return _geometric(x, _partners(x, gen), _lambdas(x, gen, alpha))
 
 
@@ -693,13 +695,17 @@ def dacl_plus_mix(
     rho: float,
     choice: Tensor | None = None,
     mode: str = "from_partner",
+    *,
+    checked: bool = False,
 ) -> Tensor:
     """DACL+ positive: per sample one of {linear, geometric, binary} mixing (0, 1, 2), chosen at random.
 
     ``choice`` (``(B,)`` int) fixes the per-sample choice; the ``dacl_plus`` view maker draws it once and
     passes it to every view ("use it for both positives"). One partner, lambda and mask per call.
+    ``checked``: as in :func:`geometric_mix`.
     """
-    _check_nonneg(x)
+    if not checked:
+        _check_nonneg(x)
     b = x.shape[0]
     if choice is None:
         choice = torch.randint(0, 3, (b,), generator=gen, device=gen.device)
@@ -766,6 +772,15 @@ def _float_views(x: Tensor, n_views: int) -> Tensor:
     return xf
 
 
+def _nonneg_views(x: Tensor, n_views: int) -> Tensor:
+    """``_float_views``, checked non-negative once per call; uint8 images (the trainer's) are by their
+    type, so the check, a host sync, is skipped for them."""
+    xf = _float_views(x, n_views)
+    if x.dtype != torch.uint8:
+        _check_nonneg(xf)
+    return xf
+
+
 @VIEW_MAKERS.register("identity", params=(), bounded=True)
 def _identity_maker(x: Tensor, n_views: int, gen: torch.Generator, /, **_: Any) -> list[Tensor]:
     """``n_views`` copies of the raw images as float (no randomness)."""
@@ -787,8 +802,8 @@ def _dacl_geometric_maker(
     x: Tensor, n_views: int, gen: torch.Generator, /, mix_alpha: float = 0.9, **_: Any
 ) -> list[Tensor]:
     """Each view a Geometric-Mixup of the raw image (lambda ~ U(mix_alpha, 1))."""
-    xf = _float_views(x, n_views)
-    return [geometric_mix(xf, gen, mix_alpha) for _ in range(n_views)]
+    xf = _nonneg_views(x, n_views)
+    return [geometric_mix(xf, gen, mix_alpha, checked=True) for _ in range(n_views)]
 
 
 @VIEW_MAKERS.register("dacl_binary", params=("mix_rho", "mix_rho_mode"), bounded=True)
@@ -818,10 +833,11 @@ def _dacl_plus_maker(
     **_: Any,
 ) -> list[Tensor]:
     """DACL+: one mixing type per sample (shared by its views), fresh partner/lambda/mask per view."""
-    xf = _float_views(x, n_views)
+    xf = _nonneg_views(x, n_views)
     choice = torch.randint(0, 3, (xf.shape[0],), generator=gen, device=gen.device)
     return [
-        dacl_plus_mix(xf, gen, mix_alpha, mix_rho, choice=choice, mode=mix_rho_mode) for _ in range(n_views)
+        dacl_plus_mix(xf, gen, mix_alpha, mix_rho, choice=choice, mode=mix_rho_mode, checked=True)
+        for _ in range(n_views)
     ]
 
 

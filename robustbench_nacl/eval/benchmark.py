@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..attack.attacks import attack_info, model_device, robust_under_attack
+from ..attack.memory import halving_on_oom
 from ..attack.suites import AttackSpec, Suite, load_suite
 from ..attack.threat import eps_label
 from ..errors import UserError
@@ -201,17 +202,16 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
     gens = [_generator(run.device, derive_seed(run.seed, spec.name, spec.norm, params, e)) for e in eps]
     todo = run.clean.nonzero().squeeze(1)
     run.progress.set_postfix_str(f"{spec.name} {spec.norm}")
-    correct, seconds = robust_under_attack(
-        spec.name,
-        run.model,
-        run.x[todo],
-        run.y[todo],
-        eps,
-        norm=spec.norm,
-        gens=gens,
-        batch_size=run.bs,
-        params=run_params,
-    )
+    (correct, seconds), batch = halving_on_oom(
+        lambda bs: robust_under_attack(
+            spec.name, run.model, run.x[todo], run.y[todo], eps,
+            norm=spec.norm, gens=gens, batch_size=bs, params=run_params,
+        ),
+        run.bs,
+        gens,
+    )  # fmt: skip
+    # only when memory forced a smaller batch: rows of a run that fitted stay as they were
+    smaller = {"attack_batch_size": batch} if batch != run.bs else {}
     describe = info.get("describe")
     shown = {**params, **(describe(params, run.width) if describe else {})}
     rows, masks = [], []
@@ -228,6 +228,7 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
                 robust=robust,
                 n_attacked=int(todo.numel()),
                 wall_s=seconds[k],
+                **smaller,
             )
         )
         masks.append(robust)

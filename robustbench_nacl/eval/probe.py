@@ -123,8 +123,8 @@ def fit_linear_probe(
     encoder.eval()
     if cfg.max_train is not None:
         train = dataclasses.replace(train, x=train.x[: cfg.max_train], y=train.y[: cfg.max_train])
-    f_train = extract_features(encoder, train.x, batch_size=feature_batch).to(device)
-    f_test = extract_features(encoder, test.x, batch_size=feature_batch).to(device)
+    f_train = extract_features(encoder, train.x, batch_size=feature_batch, keep_device=True)
+    f_test = extract_features(encoder, test.x, batch_size=feature_batch, keep_device=True)
     y_train, y_test = train.y.to(device), test.y.to(device)
 
     gen = torch.Generator(device="cpu").manual_seed(0 if cfg.seed is None else cfg.seed)
@@ -136,8 +136,9 @@ def fit_linear_probe(
     # One thread: this loop is many tiny ops, which contended threads only slow down.
     with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
         best_acc, best_epoch = _train_head(head, f_train, y_train, f_test, y_test, cfg, gen)
+    # on the features' device (a GPU's, not one CPU thread of a pool worker)
     knn = knn_accuracy(
-        f_train.cpu(), train.y, f_test.cpu(), test.y, num_classes=train.num_classes, k=cfg.knn_k, t=cfg.knn_t
+        f_train, train.y, f_test, test.y, num_classes=train.num_classes, k=cfg.knn_k, t=cfg.knn_t
     )
     result = ProbeResult(
         test_acc=_accuracy(head, f_test, y_test),
@@ -203,6 +204,6 @@ def fit_knn_probe(
     encoder: nn.Module, train: ImageData, test: ImageData, *, k: int = KNN_K, t: float = KNN_T
 ) -> float:
     """Weighted kNN accuracy of the frozen encoder's features (a second clean metric)."""
-    bank = extract_features(encoder, train.x)
-    query = extract_features(encoder, test.x)
+    bank = extract_features(encoder, train.x, keep_device=True)
+    query = extract_features(encoder, test.x, keep_device=True)
     return knn_accuracy(bank, train.y, query, test.y, num_classes=train.num_classes, k=k, t=t)

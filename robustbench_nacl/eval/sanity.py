@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from ..attack.attacks import pgd
 from ..attack.threat import check_perturbation
 from ..errors import SanityError, UserError
+from ..utils import ieee_fp32
 
 #: Every flag a row can carry, with what it means when it fires (``sanity_<name>`` is False).
 FLAGS: dict[str, str] = {
@@ -87,17 +88,29 @@ def check_logits_not_probs(model: nn.Module, x: Tensor, *, n: int = SANITY_N, at
     return not looks_like_probabilities(model(_head(x, n)), atol=atol)
 
 
+def logit_tolerance(dtype: torch.dtype, floor: float = 1e-4) -> float:
+    """Relative tolerance for comparing logits of ``dtype`` computed two ways: ``floor`` (1e-4) for
+    float32 and float64, 8 units of the dtype's rounding for lower precisions (float16: 7.8e-3,
+    bfloat16: 6.3e-2), where one kernel's different summation order alone moves logits by more than
+    1e-4 (docs/decisions.md, 'Sanity checks on GPUs')."""
+    return max(floor, 8 * torch.finfo(dtype).eps)
+
+
 @torch.no_grad()
 def check_deterministic(
-    model: nn.Module, x: Tensor, *, n: int = SANITY_N, repeats: int = 5, tol: float = 1e-4
+    model: nn.Module, x: Tensor, *, n: int = SANITY_N, repeats: int = 5, tol: float | None = None
 ) -> bool:
     """False if ``repeats`` forwards of the same batch disagree (a randomized model).
 
     Same criterion as AutoAttack's ``check_randomized``: predictions differ, or the L2-normalised
-    logits differ by more than ``tol``.
+    logits differ by more than ``tol`` (default: :func:`logit_tolerance` of the logits' dtype). The
+    forwards run with TF32 off (:func:`~robustbench_nacl.utils.ieee_fp32`).
     """
     xs = _head(x, n)
-    outs = [model(xs).float() for _ in range(repeats)]
+    with ieee_fp32():
+        raw = [model(xs) for _ in range(repeats)]
+    tol = logit_tolerance(raw[0].dtype) if tol is None else tol
+    outs = [o.float() for o in raw]
     outs = [o / (o.norm(dim=-1, keepdim=True) + 1e-10) for o in outs]
     same_pred = all(bool((o.argmax(1) == outs[0].argmax(1)).all()) for o in outs)
     max_diff = max(float((o - outs[0]).norm(dim=-1).max()) for o in outs)
@@ -106,20 +119,24 @@ def check_deterministic(
 
 @torch.no_grad()
 def check_batch_independence(
-    model: nn.Module, x: Tensor, *, n: int = SANITY_N, k: int | None = None, tol: float = 1e-4
+    model: nn.Module, x: Tensor, *, n: int = SANITY_N, k: int | None = None, tol: float | None = None
 ) -> bool:
     """False if ``model(x[:k])`` differs from ``model(x)[:k]``.
 
     Catches BatchNorm left in train mode, which ``check_deterministic`` misses (train-mode BN is
     deterministic for a fixed batch). The tolerance is relative to the logit scale because
-    convolution kernels may block differently for different batch sizes.
+    convolution kernels may block differently for different batch sizes; by default it is
+    :func:`logit_tolerance` of the logits' dtype, and both forwards run with TF32 off, so that a
+    GPU's reduced-precision float32 kernels cannot fire the flag on a sound model.
     """
     xs = _head(x, n)
     if len(xs) < 2:
         return True
     k = k or max(1, len(xs) // 2)
-    full = model(xs).float()[:k]
-    part = model(xs[:k]).float()
+    with ieee_fp32():
+        full, part = model(xs)[:k], model(xs[:k])
+    tol = logit_tolerance(full.dtype) if tol is None else tol
+    full, part = full.float(), part.float()
     return float((full - part).abs().max()) <= tol * (1.0 + float(full.abs().max()))
 
 

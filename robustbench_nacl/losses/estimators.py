@@ -10,6 +10,7 @@ Similarities are computed with autocast off, in float32 or float64 (docs/decisio
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,15 +108,16 @@ def clamp_fraction(
     temperature: float,
     tau_plus: float = 0.0,
     beta: float = 0.0,
-) -> float:
+) -> Tensor:
     """Fraction of anchors whose debiased estimate hits the ``N e^{-1/t}`` clamp (logged: there the
-    negatives get no gradient for that anchor)."""
+    negatives get no gradient for that anchor), as a 0-dim tensor on the similarities' device: the
+    trainer reads its statistics out once per epoch, not once per step (no host sync)."""
     if estimator == "g0" or tau_plus == 0.0:
-        return 0.0
+        return torch.zeros((), device=s_neg.device)
     with torch.no_grad():
         lng = log_neg_mass(s_neg, s_v, estimator, temperature=temperature, tau_plus=tau_plus, beta=beta)
         floor = math.log(s_neg.shape[1]) - 1.0 / temperature
-        return float((lng <= floor + 1e-6).float().mean())
+        return (lng <= floor + 1e-6).float().mean()
 
 
 def nca_row(lse_pos: Tensor, log_ng: Tensor) -> Tensor:
@@ -145,12 +147,27 @@ def base_pair_similarities(z1: Tensor, z2: Tensor, temperature: float) -> tuple[
         raise UserError("a contrastive batch needs at least 2 images (batch size >= 2)")
     zz = upcast(torch.cat([z1, z2], dim=0))
     sim = similarity(zz, zz, temperature)
-    idx = torch.arange(2 * b, device=zz.device)
-    partner = (idx + b) % (2 * b)
-    s_pos = sim[idx, partner]
-    same = (idx[:, None] % b) == (idx[None, :] % b)
-    s_neg = sim[~same].view(2 * b, 2 * b - 2)
+    partner, negatives = _pair_indices(b, zz.device)
+    s_pos = sim.gather(1, partner).squeeze(1)
+    s_neg = sim.gather(1, negatives)
     return zz, s_pos, s_neg
+
+
+@functools.lru_cache(maxsize=32)
+def _pair_indices(b: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Column indices of each anchor's positive (2B, 1) and negatives (2B, 2B - 2), in column order.
+
+    Computed once per (batch size, device): a boolean mask (``sim[~same]``) would make the device
+    count its True entries, a host sync per loss call. Anchor i's negatives skip the columns
+    ``i mod B`` and ``i mod B + B``; ``gather`` takes exactly the elements, in the order, that the
+    mask took, so the loss and its gradient are bit-identical to the masked form's.
+    """
+    with torch.inference_mode(False):  # cached: usable by autograd even if first built without grad
+        i = torch.arange(2 * b, device=device)
+        r = (i % b)[:, None]
+        k = torch.arange(2 * b - 2, device=device)[None, :]
+        negatives = k + (k >= r).long() + (k >= r + b - 1).long()
+        return ((i + b) % (2 * b))[:, None], negatives
 
 
 def pair_loss_rows(

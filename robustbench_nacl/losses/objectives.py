@@ -9,16 +9,17 @@ Register one loss function with what it needs from the trainer::
 
     @objective("my_loss", needs=lambda p: Needs(n_views=2, adversarial=False, labels=False),
                description="one line for `robustbench-nacl losses`")
-    def my_loss(model, views, y, p, gen, fuse=False) -> tuple[Tensor, dict[str, float]]:
+    def my_loss(model, views, y, p, gen, fuse=False) -> tuple[Tensor, dict[str, Tensor]]:
         z = encode(model, views, fuse)  # forward passes under the caller's autocast, upcast
         return pair_loss(z[0], z[1], estimator=p.G1, temperature=p.t), {}
 
 ``needs(p)`` says how many views the view maker draws per image, whether adversarial positives
 (dual BatchNorm) are used and whether labels are passed (then the model's head maps to the
 classes); ``resolve()`` checks the head and every registry name against it before any data is
-loaded. A positive aggregator for the contrastive objective is one ``@AGGREGATORS.register``
-function. Compute embeddings with :func:`encode` and similarities with the functions of
-``estimators``/``terms``: they run with autocast off in float32 or float64
+loaded. Statistics are detached 0-dim tensors (floats are accepted too): the trainer keeps them on
+the device and reads them out once per epoch. A positive aggregator for the contrastive objective
+is one ``@AGGREGATORS.register`` function. Compute embeddings with :func:`encode` and similarities
+with the functions of ``estimators``/``terms``: they run with autocast off in float32 or float64
 (docs/decisions.md, 'Loss precision').
 """
 
@@ -38,7 +39,7 @@ from .estimators import base_pair_similarities, clamp_fraction, normalize, pair_
 from .params import LossParams, Needs
 from .terms import arcl_rows, mixnca_rows, nca_rows, robust_rows, supervised_rows, var_rows, w_hat
 
-LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+LossFn = Callable[..., tuple[Tensor, dict[str, Tensor | float]]]
 
 
 def embed(model: nn.Module, x: Tensor) -> Tensor:
@@ -234,12 +235,13 @@ def contrastive_loss(
     p: LossParams,
     gen: torch.Generator,
     fuse: bool = False,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """``L_NaCl(G1, M, lam) + alpha * L_Robust(G2, w)`` on one batch of views; returns (loss, stats)."""
     z = encode(model, views, fuse)
     rows = AGGREGATORS.get(p.positives)(model, views, z, p, gen, fuse)
     loss = rows.mean()
-    stats: dict[str, float] = {"nacl_loss": float(loss.detach())}
+    # statistics stay 0-dim tensors on the device: the trainer reads them out once per epoch
+    stats: dict[str, Tensor] = {"nacl_loss": loss.detach()}
     if p.tau_plus > 0:
         _, s_pos, s_neg = base_pair_similarities(z[0].detach(), z[1].detach(), p.t)
         stats["clamp_frac"] = clamp_fraction(
@@ -247,7 +249,7 @@ def contrastive_loss(
         )
     if p.alpha > 0:
         robust = robust_term(model, views, z, p)
-        stats["robust_loss"] = float(robust.detach())
+        stats["robust_loss"] = robust.detach()
         loss = loss + p.alpha * robust
     return loss, stats
 
@@ -264,7 +266,7 @@ def supervised_loss(
     p: LossParams,
     gen: torch.Generator,
     fuse: bool = False,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Cross-entropy of the model's logits (head = linear classifier) on the first view, in float32+."""
     if y is None:
         raise ValueError("the supervised objective needs labels")

@@ -20,12 +20,19 @@ def as_float_images(x: Tensor) -> Tensor:
 
 @torch.no_grad()
 def extract_features(
-    encoder: nn.Module, x: Tensor, *, batch_size: int = 512, device: torch.device | None = None
+    encoder: nn.Module,
+    x: Tensor,
+    *,
+    batch_size: int = 512,
+    device: torch.device | None = None,
+    keep_device: bool = False,
 ) -> Tensor:
     """Encoder outputs for every image, computed once in eval mode without gradients.
 
     The encoder's train/eval mode is restored afterwards, so a caller in the middle of training
-    (the kNN monitor) is unaffected; BatchNorm running statistics are never updated here.
+    (the kNN monitor) is unaffected; BatchNorm running statistics are never updated here. The
+    features are returned on the CPU, or on the encoder's device with ``keep_device`` (for a kNN
+    or probe that runs there).
     """
     device = device or next(encoder.parameters()).device
     was_training = encoder.training
@@ -37,7 +44,9 @@ def extract_features(
         ]
     finally:
         encoder.train(was_training)
-    return torch.cat(out).cpu() if out else torch.empty(0)
+    if not out:
+        return torch.empty(0, device=device if keep_device else "cpu")
+    return torch.cat(out) if keep_device else torch.cat(out).cpu()
 
 
 @torch.no_grad()
@@ -55,17 +64,20 @@ def knn_predict(
 
     Votes are computed as e^{(sim - max sim)/t}: the same per-query scale, so the same argmax, but
     no overflow for a small ``t`` (e^{1/0.01} is inf in float32). ``k`` above the bank size uses
-    the whole bank.
+    the whole bank. Runs on the query's device (the bank and its labels are moved there); the
+    predictions are returned there.
     """
     check_knn(k, t)
-    bank = F.normalize(bank.float(), dim=1)
+    dev = query.device
+    bank = F.normalize(bank.to(dev).float(), dim=1)
     query = F.normalize(query.float(), dim=1)
+    bank_y = bank_y.to(dev)
     k = min(k, len(bank))
     preds = []
     for i in range(0, len(query), chunk):
         sim = query[i : i + chunk] @ bank.T
         top, idx = sim.topk(k, dim=1)  # sorted: top[:, :1] is each query's largest similarity
-        votes = torch.zeros(len(top), num_classes, dtype=top.dtype)
+        votes = torch.zeros(len(top), num_classes, dtype=top.dtype, device=dev)
         votes.scatter_add_(1, bank_y[idx], ((top - top[:, :1]) / t).exp())
         preds.append(votes.argmax(dim=1))
     return torch.cat(preds)
@@ -89,6 +101,6 @@ def knn_accuracy(
     k: int = KNN_K,
     t: float = KNN_T,
 ) -> float:
-    """Fraction of queries whose weighted-kNN vote is their label."""
+    """Fraction of queries whose weighted-kNN vote is their label (computed on the query's device)."""
     pred = knn_predict(bank, bank_y, query, num_classes=num_classes, k=k, t=t)
-    return float((pred == query_y.cpu()).float().mean())
+    return float((pred == query_y.to(pred.device)).float().mean())

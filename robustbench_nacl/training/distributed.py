@@ -182,14 +182,15 @@ class ShardedForward(nn.Module):
 
 
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
-    """BatchNorm whose training statistics are those of the global batch (every rank's shard).
+    """BatchNorm whose training statistics are those of the global batch (every rank's shard): the
+    gloo (CPU) one; under nccl :func:`convert_sync_bn` uses ``torch.nn.SyncBatchNorm``.
 
-    ``torch.nn.SyncBatchNorm`` refuses CPU tensors (torch 2.14), so this one runs on gloo and nccl
-    alike: each rank's biased mean and variance (two-pass, float32) and row count are all-gathered
-    with gradient and combined exactly (Chan et al.); the running statistics update as
-    ``BatchNorm`` does (unbiased variance, ``momentum`` or the cumulative average). Outside
-    training, or without a process group, it is plain BatchNorm. Parameter and buffer names are
-    BatchNorm's, so state dicts load either way.
+    ``torch.nn.SyncBatchNorm`` refuses CPU tensors (torch 2.14), so this one exists for gloo: each
+    rank's biased mean and variance (two-pass, float32) and row count are all-gathered with
+    gradient and combined exactly (Chan et al.); the running statistics update as ``BatchNorm``
+    does (unbiased variance, ``momentum`` or the cumulative average), from the gathered counts
+    without reading them back to the host. Outside training, or without a process group, it is
+    plain BatchNorm. Parameter and buffer names are BatchNorm's, so state dicts load either way.
     """
 
     def _check_input_dim(self, x: Tensor) -> None:
@@ -210,27 +211,41 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         g_mean = (counts * means).sum(0) / n
         g_var = (counts * (variances + (means - g_mean) ** 2)).sum(0) / n
         if self.track_running_stats:
-            self._update_running(g_mean.detach(), g_var.detach(), float(n.detach()))
+            self._update_running(g_mean.detach(), g_var.detach(), n.detach())
         shape = [1, c] + [1] * (x.dim() - 2)
         y = (xf - g_mean.view(shape)) * torch.rsqrt(g_var.view(shape) + self.eps)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
         return y.to(x.dtype)
 
-    def _update_running(self, mean: Tensor, var: Tensor, n: float) -> None:
+    def _update_running(self, mean: Tensor, var: Tensor, n: Tensor) -> None:
         assert self.num_batches_tracked is not None
         assert self.running_mean is not None and self.running_var is not None
         self.num_batches_tracked.add_(1)
         m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         with torch.no_grad():
+            # n / (n - 1) as a device tensor: a float() of the count would wait for the device
+            unbias = n / (n - 1.0).clamp_min(1.0)
             self.running_mean.mul_(1 - m).add_(mean, alpha=m)
-            self.running_var.mul_(1 - m).add_(var * (n / max(n - 1.0, 1.0)), alpha=m)
+            self.running_var.mul_(1 - m).add_(var * unbias, alpha=m)
 
 
-def convert_sync_bn(module: nn.Module) -> nn.Module:
-    """Replace every BatchNorm in ``module`` (in place; dual BatchNorm's branches too) by
-    :class:`SyncBatchNorm` sharing its parameters and buffers. Returns ``module`` (or the
-    replacement when ``module`` is itself a BatchNorm)."""
+#: the synchronised BatchNorm of each process-group backend: torch's (cuDNN kernels, one fused
+#: collective per layer) where it runs, the own one on gloo, where torch's refuses CPU tensors
+SYNC_BN = {"nccl": "torch", "gloo": "own"}
+
+
+def convert_sync_bn(module: nn.Module, backend: str | None = "gloo") -> nn.Module:
+    """Replace every BatchNorm in ``module`` (in place; dual BatchNorm's branches too) by the
+    synchronised BatchNorm of ``backend`` (:data:`SYNC_BN`: ``torch.nn.SyncBatchNorm`` under nccl,
+    :class:`SyncBatchNorm` under gloo), sharing its parameters and buffers. Returns ``module`` (or
+    the replacement when ``module`` is itself a BatchNorm)."""
+    if SYNC_BN.get(str(backend), "own") == "torch":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    return _convert_own(module)
+
+
+def _convert_own(module: nn.Module) -> nn.Module:
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, SyncBatchNorm):
         new = SyncBatchNorm(
             module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats
@@ -242,7 +257,7 @@ def convert_sync_bn(module: nn.Module) -> nn.Module:
             new.num_batches_tracked = module.num_batches_tracked
         return new.train(module.training)
     for name, child in module.named_children():
-        new_child = convert_sync_bn(child)
+        new_child = _convert_own(child)
         if new_child is not child:
             setattr(module, name, new_child)
     return module
@@ -257,7 +272,7 @@ def wrap(model: nn.Module, batch_size: int, world: World, sync_bn: bool) -> Shar
     ``sync_bn``) either way, and the other ranks' never reach a file.
     """
     if sync_bn:
-        convert_sync_bn(model)
+        convert_sync_bn(model, world.backend)
     dev = next(model.parameters()).device
     ddp = nn.parallel.DistributedDataParallel(
         model, device_ids=[dev.index] if dev.type == "cuda" else None, **_no_buffer_sync()

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from .. import losses
 from ..augment import views as augment
 from ..data.datasets import ImageData, load_dataset
-from ..errors import NonFiniteLoss, UserError
+from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
 from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
 from ..models.encoders import ContrastiveModel
@@ -36,7 +36,7 @@ from . import distributed
 from .config import TrainConfig, check_settings, check_train_size
 from .distributed import World
 from .manifest import RunOutcome, build_manifest, run_id
-from .step import TrainStep, build_model
+from .step import TrainStep, build_model, check_finite, epoch_values
 
 STATE = "train_state.pt"
 LOG = "log.jsonl"
@@ -241,18 +241,19 @@ def _train_epoch(run: _Run, step_fn: TrainStep, epoch: int, progress: bool) -> d
     gen = _epoch_generator(cfg.seed, epoch, run.dev)
     perm = torch.randperm(len(run.data.train), generator=gen, device=run.dev)
     step_fn.model.train()  # run.model itself, or the DDP wrapper around it
-    total, stats_sum = 0.0, {}
+    step_losses: list[torch.Tensor] = []
+    step_stats: dict[str, list[torch.Tensor | float]] = {}
     for step in tqdm(range(steps), desc=f"epoch {epoch + 1}", leave=False, disable=not progress):
         idx = perm[step * batch : (step + 1) * batch]
-        try:
-            loss_value, stats = step_fn(run.data.x[idx], run.data.y[idx], gen)
-        except NonFiniteLoss as e:
-            raise NonFiniteLoss(
-                f"{e} at epoch {epoch + 1} step {step + 1}; lower --lr or raise the temperature (--set t=...)"
-            ) from None
-        total += loss_value
+        loss, stats = step_fn(run.data.x[idx], run.data.y[idx], gen)
+        step_losses.append(loss)
         for k, v in stats.items():
-            stats_sum[k] = stats_sum.get(k, 0.0) + v
+            step_stats.setdefault(k, []).append(v)
+    # the epoch's one read-out: the steps above never wait for the device
+    values = epoch_values(step_losses)
+    check_finite(values, epoch + 1)
+    total = sum(values)
+    stats_sum = {k: sum(epoch_values(v)) for k, v in step_stats.items()}
     run.elapsed += time.perf_counter() - t0
     row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": total / steps, "wall_s": round(run.elapsed, 3)}
     row.update({f"train_{k}": v / steps for k, v in stats_sum.items()})
@@ -320,8 +321,9 @@ def _load_state(path: Path) -> dict[str, Any]:
 
 
 def _knn(model: ContrastiveModel, train_set: ImageData, test_set: ImageData, cfg: TrainConfig) -> float:
-    bank = extract_features(model.encoder, train_set.x)
-    query = extract_features(model.encoder, test_set.x)
+    # on the model's device: a GPU run's monitor does not move the features to the CPU
+    bank = extract_features(model.encoder, train_set.x, keep_device=True)
+    query = extract_features(model.encoder, test_set.x, keep_device=True)
     return knn_accuracy(
         bank, train_set.y, query, test_set.y, num_classes=train_set.num_classes, k=cfg.knn_k, t=cfg.knn_t
     )

@@ -47,8 +47,9 @@ class TrainStep:
     """The trainer's optimisation step: draw the views, forward them, the loss, backward, optimizer step.
 
     ``step(x, y, gen)`` takes one batch of raw training images (uint8 or float in [0, 1]) and labels
-    and returns ``(loss value, stats)``; it raises :class:`NonFiniteLoss` before touching the weights
-    when the loss is not finite.
+    and returns ``(loss, stats)``: the detached loss and the objective's statistics, as 0-dim
+    tensors on the device. Nothing here waits for the device (no ``.item()``): the caller reads the
+    values out once per epoch and checks them then (:func:`epoch_values`, :class:`NonFiniteLoss`).
 
     Under ``precision="bf16"`` the step only opens ``torch.autocast`` around the objective: the views
     are handed over in the view maker's dtype (float32), never cast here, and the objective computes
@@ -84,14 +85,33 @@ class TrainStep:
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
-    ) -> tuple[float, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         views = self.views(x, gen)
         with self.autocast:
             loss, stats = self.objective.loss(self.model, views, y, self.params, gen, self.cfg.fuse_views)
-        value = loss.item()
-        if not math.isfinite(value):
-            raise NonFiniteLoss(f"non-finite loss ({value})")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
-        return value, stats
+        return loss.detach(), stats
+
+
+def epoch_values(values: list[torch.Tensor | float]) -> list[float]:
+    """Per-step values (0-dim tensors of one device, or floats) as Python floats, in one read-out."""
+    if values and all(isinstance(v, torch.Tensor) for v in values):
+        return torch.stack(values).tolist()  # type: ignore[arg-type]
+    return [float(v) for v in values]
+
+
+def check_finite(losses_: list[float], epoch: int) -> None:
+    """:class:`NonFiniteLoss` naming the first step of ``epoch`` whose loss is not finite.
+
+    Checked once per epoch, from the values read out at its end (a per-step check would make every
+    step wait for the device): the weights of that epoch are never saved, as ``train`` saves its
+    state only after this check.
+    """
+    for i, value in enumerate(losses_):
+        if not math.isfinite(value):
+            raise NonFiniteLoss(
+                f"non-finite loss ({value}) at epoch {epoch} step {i + 1}; "
+                "lower --lr or raise the temperature (--set t=...)"
+            )
