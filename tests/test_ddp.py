@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _models import one_thread
+from _syncs import count_syncs
 from conftest import run_cli
 from safetensors.torch import load_file
 from torch import nn
@@ -115,36 +116,69 @@ def _check_gathered_losses() -> None:
             torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-5, msg=preset)
 
 
-def _check_sync_bn() -> None:
-    world = distributed.current_world()
+def _sync_bn_batch() -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     x = (torch.randn(8, 3, 4, 4) * 2 + 1).contiguous(memory_format=torch.channels_last)
-    gy = torch.randn_like(x)
+    return x, torch.randn_like(x)
+
+
+def _torch_sync_bn_reference() -> dict[str, torch.Tensor]:
+    """``torch.nn.SyncBatchNorm`` on the global batch, outside a process group (what nccl's computes
+    over all ranks; in a gloo group torch's refuses CPU tensors, so it runs here, in the parent)."""
+    x, gy = _sync_bn_batch()
+    bn = nn.SyncBatchNorm(3)
+    xr = x.clone().requires_grad_(True)
+    y = bn(xr)
+    (y * gy).sum().backward()
+    return {"y": y.detach(), "x_grad": xr.grad, "weight_grad": bn.weight.grad, "bias_grad": bn.bias.grad,
+            "running_mean": bn.running_mean, "running_var": bn.running_var}  # fmt: skip
+
+
+def _check_sync_bn(torch_ref: dict[str, torch.Tensor]) -> None:
+    world = distributed.current_world()
+    x, gy = _sync_bn_batch()
     bn = nn.BatchNorm2d(3)
-    sync = distributed.convert_sync_bn(copy.deepcopy(bn))
+    sync = distributed.convert_sync_bn(copy.deepcopy(bn), world.backend)
+    assert type(sync) is distributed.SyncBatchNorm  # gloo: the own one
     xr = x.clone().requires_grad_(True)
     y_ref = bn(xr)
     (y_ref * gy).sum().backward()
     rows = slice(world.rank * 4, (world.rank + 1) * 4)
     shard = x[rows].clone().requires_grad_(True)
-    y = sync(shard)
+    with count_syncs() as syncs:  # the shard sizes are combined on the device, never read back
+        y = sync(shard)
+    assert syncs.total == 0, syncs.counts
     (y * gy[rows]).sum().backward()  # this rank's part of the global sum
+    # the own SyncBatchNorm (gloo) gives torch's numbers (what nccl runs), to float32 rounding
+    torch.testing.assert_close(y, torch_ref["y"][rows], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(shard.grad, torch_ref["x_grad"][rows], atol=1e-6, rtol=1e-5)
+    for name in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(sync, name), torch_ref[name], atol=1e-6, rtol=1e-5)
+    # and in eval mode, inside the group, both run: the same output from the same statistics
+    theirs = nn.SyncBatchNorm(3).eval()
+    theirs.load_state_dict(sync.state_dict())
+    torch.testing.assert_close(sync.eval()(shard.detach()), theirs(shard.detach()), atol=0, rtol=0)
+    sync.train()
     torch.testing.assert_close(y, y_ref.detach()[rows], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(shard.grad, xr.grad[rows], atol=1e-6, rtol=1e-5)
-    for got, ref in ((sync.weight.grad, bn.weight.grad), (sync.bias.grad, bn.bias.grad)):
+    for got, ref, theirs_ref in (
+        (sync.weight.grad, bn.weight.grad, torch_ref["weight_grad"]),
+        (sync.bias.grad, bn.bias.grad, torch_ref["bias_grad"]),
+    ):
         dist.all_reduce(got)  # what DDP does (then divides by W, as the step's loss is W times larger)
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, theirs_ref, atol=1e-5, rtol=1e-5)
     for got, ref in ((sync.running_mean, bn.running_mean), (sync.running_var, bn.running_var)):
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
 
 
 def test_gathered_loss_and_sync_bn_equal_the_single_process_ones(tmp_path: Path) -> None:
-    _spawn(tmp_path, _check_all_collectives)
+    _spawn(tmp_path, _check_all_collectives, _torch_sync_bn_reference())
 
 
-def _check_all_collectives() -> None:
+def _check_all_collectives(torch_ref: dict[str, torch.Tensor]) -> None:
     _check_gathered_losses()
-    _check_sync_bn()
+    _check_sync_bn(torch_ref)
 
 
 def test_sync_bn_conversion_keeps_dual_bn_parameters_and_state_dict() -> None:
