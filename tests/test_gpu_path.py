@@ -337,3 +337,30 @@ def test_gpu_epoch_bench_times_train_end_to_end_on_cpu(monkeypatch: pytest.Monke
         assert r["train_s_per_100_epochs"] > 100 * r["epoch_s"][-1] > 0
         assert r["train_step_only_s_per_100_epochs"] > 0
     assert fig["value"] == fig["rows"][1]["train_s_per_100_epochs"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.set_sync_debug_mode)")
+def test_cuda_training_and_pgd_steps_make_no_host_sync() -> None:
+    x = torch.randint(0, 256, (32, 1, 8, 8), dtype=torch.uint8, device="cuda")
+    y = torch.arange(32, device="cuda") % 5
+    for preset in ("simclr", "intnacl", "dacl_plus"):
+        cfg = TrainConfig(loss=preset, encoder_kwargs={"width": 4}, batch_size=32)
+        params = losses.resolve(preset, {})
+        model = build_model(cfg, params, channels=1, size=(8, 8), num_classes=5).cuda()
+        step = TrainStep(cfg, params, model, torch.optim.Adam(model.parameters()))
+        g = torch.Generator(device="cuda").manual_seed(0)
+        step(x, y, g)  # first step: optimizer state and caches are created
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step(x, y, g)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    model = copy.deepcopy(digits_model()).cuda()  # the cached CPU model stays where it is
+    _, _, xs, ys = digits_data()
+    xs, ys = xs[:64].cuda(), ys[:64].cuda()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        A._pgd_steps_masked(model, xs, ys, torch.zeros_like(xs), 0.1, A._norm_ops("Linf"), 5, 0.02, True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
