@@ -192,6 +192,7 @@ def step_epoch_s(cfg: Any, device: str, cudnn_benchmark: bool) -> float:
     from robustbench_nacl.data.datasets import load_dataset
     from robustbench_nacl.training import TrainStep, build_model
 
+    before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = cudnn_benchmark
     try:
         data = load_dataset(cfg.dataset, "train", root=cfg.data_root)
@@ -217,7 +218,7 @@ def step_epoch_s(cfg: Any, device: str, cudnn_benchmark: bool) -> float:
         sync()
         return time.perf_counter() - t0
     finally:
-        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.benchmark = before
 
 
 def cudnn_benchmark_decision(cfg: Any, device: str) -> dict[str, Any]:

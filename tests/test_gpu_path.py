@@ -151,18 +151,21 @@ def test_pgd_without_syncs_steps_the_same_perturbations(monkeypatch: pytest.Monk
 
 
 @pytest.fixture
-def _restore_determinism(monkeypatch: pytest.MonkeyPatch):
+def _restore_determinism():
     flags = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    monkeypatch.delenv(DETERMINISTIC_ENV, raising=False)
+    env = {k: os.environ.pop(k, None) for k in ("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_ENV)}
     yield
     torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2], flags[3]
+    for k, v in env.items():  # set_deterministic wrote them: nothing leaks into later tests
+        os.environ.pop(k, None)
+        if v is not None:
+            os.environ[k] = v
 
 
 def _deterministic_flags() -> tuple[Any, ...]:
