@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..attack import autoattack as aa_trace
 from ..attack.attacks import attack_info, model_device, robust_under_attack
 from ..attack.suites import AttackSpec, Suite, load_suite
 from ..attack.threat import eps_label
@@ -201,17 +202,18 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
     gens = [_generator(run.device, derive_seed(run.seed, spec.name, spec.norm, params, e)) for e in eps]
     todo = run.clean.nonzero().squeeze(1)
     run.progress.set_postfix_str(f"{spec.name} {spec.norm}")
-    correct, seconds = robust_under_attack(
-        spec.name,
-        run.model,
-        run.x[todo],
-        run.y[todo],
-        eps,
-        norm=spec.norm,
-        gens=gens,
-        batch_size=run.bs,
-        params=run_params,
-    )
+    with aa_trace.recording() as components:  # AutoAttack: which component decided each example
+        correct, seconds = robust_under_attack(
+            spec.name,
+            run.model,
+            run.x[todo],
+            run.y[todo],
+            eps,
+            norm=spec.norm,
+            gens=gens,
+            batch_size=run.bs,
+            params=run_params,
+        )
     describe = info.get("describe")
     shown = {**params, **(describe(params, run.width) if describe else {})}
     rows, masks = [], []
@@ -228,6 +230,7 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
                 robust=robust,
                 n_attacked=int(todo.numel()),
                 wall_s=seconds[k],
+                **(aa_trace.component_fields(components[e], todo, run.n, encode_bits) if e in components else {}),
             )
         )
         masks.append(robust)
