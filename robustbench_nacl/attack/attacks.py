@@ -43,8 +43,8 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..registry import Registry
-from .threat import check_perturbation
 from . import autoattack as aa_trace
+from .threat import check_perturbation
 
 
 class Attack(Protocol):

@@ -173,7 +173,8 @@ def box_resize_matrix(n_in: int, n_out: int) -> Tensor:
         hi = min(int(centre + support + 0.5), n_in)
         ss = 1.0 / max(scale, 1.0)
         w = torch.tensor(
-            [1.0 if -0.5 <= (j - centre + 0.5) * ss < 0.5 else 0.0 for j in range(lo, hi)], dtype=torch.float64
+            [1.0 if -0.5 <= (j - centre + 0.5) * ss < 0.5 else 0.0 for j in range(lo, hi)],
+            dtype=torch.float64,
         )
         if w.sum() == 0:
             w[:] = 1.0

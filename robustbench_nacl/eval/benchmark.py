@@ -230,7 +230,11 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
                 robust=robust,
                 n_attacked=int(todo.numel()),
                 wall_s=seconds[k],
-                **(aa_trace.component_fields(components[e], todo, run.n, encode_bits) if e in components else {}),
+                **(
+                    aa_trace.component_fields(components[e], todo, run.n, encode_bits)
+                    if e in components
+                    else {}
+                ),
             )
         )
         masks.append(robust)
