@@ -124,3 +124,51 @@ def test_cli_unknown_corruption_is_one_line_with_a_suggestion(capsys, tmp_path) 
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
     assert "unknown corruption 'gausian_noise'" in err and "did you mean 'gaussian_noise'" in err
+
+
+def test_corruption_setting_rows_and_the_per_severity_table(tmp_path) -> None:
+    """evaluate(corruptions=...) writes one setting per (corruption, severity) with the in-domain
+    probe; the rows carry both, and the leaderboard averages over corruptions per severity."""
+    from _models import one_thread
+    from _reliability import TINY
+
+    from robustbench_nacl.eval.evaluate import evaluate
+    from robustbench_nacl.eval.probe import ProbeConfig
+    from robustbench_nacl.report.leaderboard import render_leaderboard
+    from robustbench_nacl.training import train
+
+    with one_thread():
+        ckpt = train(TINY, tmp_path / "ck", progress=False)
+        kw = {"suite": "quick", "n_examples": 60, "probe": ProbeConfig(epochs=20, lr=1e-2), "progress": False}
+        rows = evaluate(
+            ckpt, out=tmp_path / "out", corruptions="contrast,gaussian_blur", severities="1,5", **kw
+        )
+    corrupted = [r for r in rows if r["setting"] == "corruption"]
+    assert {(r["corruption"], r["severity"]) for r in corrupted} == {
+        (c, s) for c in ("contrast", "gaussian_blur") for s in (1, 5)
+    }
+    assert len({r.row_id for r in rows}) == len(rows) and len({r.protocol_id for r in corrupted}) == 4
+    clean = {(r["corruption"], r["severity"]): r["clean_acc"] for r in corrupted if r["attack"] == "fgsm"}
+    assert all(r.get("corruption") is None for r in rows if r["setting"] == "in-domain")
+    render_leaderboard([dict(r) for r in rows], tmp_path / "board")
+    md = (tmp_path / "board" / "LEADERBOARD.md").read_text()
+    table = md[md.index("## Corruptions") :].split("\n\n")[1].splitlines()
+    cells = [c.strip() for c in table[2].split("|")[1:-1]]
+    head = [c.strip() for c in table[0].split("|")[1:-1]]
+    for s in (1, 5):
+        want = 100 * (clean[("contrast", s)] + clean[("gaussian_blur", s)]) / 2
+        assert float(cells[head.index(f"s{s} clean")]) == pytest.approx(want, abs=0.051)
+
+
+def test_robust_ssl_suite_is_pgd20_and_autoattack_standard_at_8_255() -> None:
+    from robustbench_nacl.attack.suites import load_suite
+
+    suite = load_suite("robust-ssl")
+    assert [(s.name, s.norm, s.eps) for s in suite.attacks] == [
+        ("pgd", "Linf", (8 / 255,)),
+        ("autoattack", "Linf", (8 / 255,)),
+    ]
+    assert suite.attacks[0].params["steps"] == 20 and suite.attacks[0].params["step_size"] == pytest.approx(
+        2 / 255
+    )
+    assert suite.attacks[1].params["version"] == "standard"
