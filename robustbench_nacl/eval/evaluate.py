@@ -336,7 +336,8 @@ def evaluate(
     refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(device)
     loaded_suite = load_suite(suite)
-    parse_corruptions(corruptions), parse_severities(severities)  # type: ignore[arg-type]  # names first
+    parse_corruptions(corruptions)  # type: ignore[arg-type]  # names are checked before any loading
+    parse_severities(severities)  # type: ignore[arg-type]
     encoder, info = _load_source(checkpoint, dataset, arch=arch, fmt=fmt, normalize=normalize, name=name)
     if control and info["format"] == IN_MEMORY:
         raise UserError("control=True needs a checkpoint: an in-memory module has no architecture to rebuild")
