@@ -4,6 +4,8 @@ code) or, where its function no longer runs with today's scikit-image, the primi
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -44,7 +46,7 @@ def test_shapes_range_determinism_and_severity_order_on_digits(name: str) -> Non
     sizes = [C.perturbation_size(x, name, s, seed=7) for s in C.SEVERITIES]
     assert sizes[0] > 0 and sizes[-1] > sizes[0], sizes
     # monotone up to the sampling noise of a random corruption at neighbouring severities
-    assert all(b >= a * 0.97 for a, b in zip(sizes, sizes[1:], strict=False)), sizes
+    assert all(b >= a * 0.97 for a, b in itertools.pairwise(sizes)), sizes
 
 
 def test_noise_depends_on_the_seed_and_colour_only_corruptions_refuse_grey() -> None:

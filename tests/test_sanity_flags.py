@@ -11,6 +11,7 @@ the control: it raises no flag, so each firing flag is caused by what its varian
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -279,7 +280,7 @@ def test_autoattack_rows_record_which_component_decided_each_example(evaluated, 
     assert counts == sorted(counts, reverse=True) and counts[-1] == row["n_robust"]
     assert row["aa_robust_acc_after_square"] == row["robust_acc"]
     decided = [decode_bits(row[f"aa_decided_bits_{c.replace('-', '_')}"], n) for c in names]
-    assert [int(d.sum()) for d in decided] == [a - b for a, b in zip(counts, counts[1:], strict=False)]
+    assert [int(d.sum()) for d in decided] == [a - b for a, b in itertools.pairwise(counts)]
     clean, robust = decode_bits(row["clean_bits"], n), decode_bits(row["robust_bits"], n)
     assert not (decided[0] & decided[1]).any()
     assert ((decided[0] | decided[1]) == (clean & ~robust)).all()
