@@ -23,6 +23,9 @@ from torch import Tensor, nn
 
 #: code of an example no component fooled (it survived AutoAttack)
 SURVIVED = -1
+#: code of an example AutoAttack found misclassified before attacking (none, for a deterministic
+#: model: benchmark passes clean-correct examples only)
+MISCLASSIFIED = -3
 
 # eps -> one int8 tensor per attacked chunk: the index (in ``names``) of the component that fooled
 # each example, SURVIVED if none did; and the component names in the order they ran
@@ -46,6 +49,8 @@ def trace_components(aa: Any, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     a component then receives exactly the examples still correct, in index order.
     """
     decided = torch.full((len(x),), SURVIVED, dtype=torch.int8, device=x.device)
+    with torch.no_grad():  # AutoAttack attacks only what it classifies correctly itself
+        decided[model(x).argmax(1) != y] = MISCLASSIFIED
     order: list[str] = list(aa.attacks_to_run)
 
     def wrap(attr: str) -> None:
@@ -100,7 +105,7 @@ def component_fields(entry: dict[str, Any], attacked: Tensor, n: int, encode: An
     codes = torch.cat(entry["chunks"]).to(attacked.device)
     per_example = torch.full((n,), -2, dtype=torch.int8, device=attacked.device)  # -2: not attacked
     per_example[attacked] = codes
-    alive = len(codes)  # benchmark attacks clean-correct examples only
+    alive = int((codes != MISCLASSIFIED).sum())
     out: dict[str, Any] = {"aa_components": ",".join(names)}
     for k, name in enumerate(names):
         key = name.replace("-", "_")
