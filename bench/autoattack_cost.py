@@ -65,7 +65,7 @@ def _classifier() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     from robustbench_nacl.models.foreign import load_encoder
     from robustbench_nacl.training import train
 
-    out = Path("robustbench_out/bench/aa_ckpt")
+    out = Path(__file__).resolve().parents[1] / "robustbench_out" / "bench" / "aa_ckpt"  # git-ignored
     ckpt = out if (out / "manifest.json").is_file() else train(TINY, out, progress=False)
     encoder, _ = load_encoder(ckpt)
     tr, te = load_dataset("digits:0-4", "train"), load_dataset("digits:0-4", "test")

@@ -146,12 +146,9 @@ def corruption_settings(
         return []
     channels = int(DATASETS.info(parse_spec(dataset).name)["channels"])
     names = parse_corruptions(corruptions, channels)  # type: ignore[arg-type]
+    levels = parse_severities(severities)  # type: ignore[arg-type]
     base = canonical_spec(dataset)
-    return [
-        Setting("corruption", base, corruption=c, severity=s)
-        for c in names
-        for s in parse_severities(severities)
-    ]  # type: ignore[arg-type]
+    return [Setting("corruption", base, corruption=c, severity=s) for c in names for s in levels]
 
 
 def attack_versions(suite: Suite) -> dict[str, str]:
