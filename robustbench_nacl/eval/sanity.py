@@ -12,7 +12,8 @@ Three kinds of result:
   number suspect (AutoAttack's ``checks.py``, Athalye et al. 2018, Carlini et al. 2019):
   randomness, batch dependence, submodules that ignore ``eval()``, zero input gradients, accuracy
   that an unbounded attack cannot drive to zero, clean accuracy at chance, robust accuracy rising
-  with eps, iterative attacks weaker than single-step ones, attacks weaker than random noise.
+  with eps, iterative attacks weaker than single-step ones, attacks weaker than random noise,
+  AutoAttack's Square fooling examples its gradient attacks missed.
 
 Every flag can fire through ``evaluate`` (tests/test_sanity_flags.py makes each one fire). Flags go
 into every result row as ``sanity_<name>``: ``True`` when the check passes, ``False`` when it
