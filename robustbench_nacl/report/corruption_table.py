@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .aggregate import Context, Entry, Recipe, Table, pct
-from .markdown import _caption, _heading, _ident_cols, _ident_headers, _show_differs, _table_md
+from .markdown import _heading, _ident_cols, _ident_headers, _show_differs, _table_md
 from .ranking import tie
 
 
@@ -60,4 +60,9 @@ def table_corruption(ctx: Context, table: Table) -> list[str]:
         f"(cells: mean over {len(names)} corruptions per severity: {', '.join(names)})"
     )
     what = f"{label} averaged over corruptions and severities"
-    return [*_heading(title, table, what), _table_md(heads, body, align), "", *_caption(ctx, table)]
+    caption = (
+        "Cells: accuracy in %, the mean over the corruptions of each corruption's mean over seeds "
+        "(no interval: results.csv has every corruption and severity with its interval). "
+        "▼: the ranking column; ties by mean clean accuracy."
+    )
+    return [*_heading(title, table, what), _table_md(heads, body, align), "", caption, ""]
