@@ -24,6 +24,7 @@ FIGURES = {
     "train_vs_reference": "train_vs_reference",
     "probe_speedup": "probe_speedup",
     "attack_sweep_ratio": "attack_sweep_ratio",
+    "autoattack_cost": "autoattack_cost",
     "peak_rss_mb": "peak_rss_mb",
     "channels_last": "channels_last",
     "gpu_epoch": "gpu_epoch",

@@ -451,6 +451,8 @@ def run_eval(args: argparse.Namespace) -> int:
         dataset=args.dataset,
         transfer=_resolve_transfer(args),
         shift=args.shift,
+        corruptions=args.corruptions,
+        severities=args.severities,
         suite=args.suite,
         out=args.out,
         n_examples=args.n_examples,
@@ -513,6 +515,14 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="'all' or a comma list of: grayscale, crop, flip, jitter, grayscale+jitter",
     )
+    p.add_argument(
+        "--corruptions",
+        default=None,
+        help="common corruptions of the test images (the in-domain probe): 'all' or a comma list of: "
+        "gaussian_noise, shot_noise, impulse_noise, speckle_noise, gaussian_blur, defocus_blur, "
+        "contrast, brightness, saturate (colour only), pixelate",
+    )
+    p.add_argument("--severities", default=None, help="corruption severities: 1-5 (default), 3 or 1,3,5")
     p.add_argument(
         "--suite", default="paper", help="attack suite name (attacks/*.toml) or a path to a TOML file"
     )

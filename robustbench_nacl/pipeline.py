@@ -122,6 +122,8 @@ def eval_entry(
         checkpoint_dir(entry, ckpts),
         transfer=ev.get("transfer"),
         shift=ev.get("shift"),
+        corruptions=ev.get("corruptions"),
+        severities=ev.get("severities"),
         suite=ev.get("suite", "paper"),
         out=out,
         n_examples=ev.get("n_examples"),
@@ -161,7 +163,10 @@ def expected_rows(entry: ZooEntry) -> int:
     suite = load_suite(ev.get("suite", "paper"))
     worst_cases = {(s.norm, e) for s in suite.attacks for e in s.eps}
     per_setting = sum(len(s.eps) for s in suite.attacks) + len(worst_cases)
-    return len(settings_for(entry.dataset, ev.get("transfer"), ev.get("shift"))) * per_setting
+    settings = settings_for(
+        entry.dataset, ev.get("transfer"), ev.get("shift"), ev.get("corruptions"), ev.get("severities")
+    )
+    return len(settings) * per_setting
 
 
 def rows_done(out: str | Path) -> dict[str, int]:

@@ -28,6 +28,8 @@ RECIPE_KEYS = {"epochs": int, "batch_size": int, "lr": float, "weight_decay": fl
 EVAL_KEYS = {
     "transfer": (str, type(None)),
     "shift": (str, type(None)),
+    "corruptions": (str, type(None)),  # all | a comma list (docs/decisions.md, 'Corruptions')
+    "severities": (str, type(None)),  # 1-5 by default
     "suite": str,
     "n_examples": (int, type(None)),
     "probe_epochs": (int, type(None)),

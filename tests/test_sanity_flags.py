@@ -11,6 +11,7 @@ the control: it raises no flag, so each firing flag is caused by what its varian
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -33,6 +34,9 @@ QUICK = {"n_examples": 180, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress"
 # Digits pixels take 17 levels round(k * 255 / 16) / 255, about 1/16 apart: snapping an image back
 # onto them undoes any perturbation below ~0.029. The snapping defence engages above SNAP_AT.
 SNAP_AT, EPS_BELOW, EPS_ABOVE = 0.02, 0.018, 0.027
+# AutoAttack's Square check: a budget at which the quantising encoder's masked gradients leave APGD
+# examples that Square (no gradients) then fools
+AA_EPS = 0.1
 SUITES: dict[str, dict[str, Any]] = {
     "sweep": {
         "attack": [
@@ -45,6 +49,12 @@ SUITES: dict[str, dict[str, Any]] = {
         "attack": [
             {"name": "fgsm", "eps": [0.3]},
             {"name": "pgd", "eps": [0.3], "steps": 1, "step_size": 0.001, "random_start": False},
+        ]
+    },
+    # AutoAttack with its first gradient attack and Square (AutoAttack's own Square check)
+    "aa": {
+        "attack": [
+            {"name": "autoattack", "eps": [AA_EPS], "version": "custom", "attacks": ["apgd-ce", "square"]}
         ]
     },
     # ... and its control: a PGD that can use the ball
@@ -133,7 +143,10 @@ CASES: dict[str, tuple[str, str, str]] = {
     "monotone_in_eps": ("snapping", "sweep", f"pgd@{EPS_ABOVE}"),
     "le_single_step": ("convnet_small", "weak", "pgd@0.3"),
     "attack_beats_noise": ("convnet_small", "weak", "pgd@0.3"),
+    "square_adds_nothing": ("quantising", "aa", f"autoattack@{AA_EPS}"),
 }
+# flags that apply to AutoAttack rows only
+AA_ONLY = {"square_adds_nothing"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -200,14 +213,25 @@ def test_every_flag_has_a_case_that_makes_it_fire() -> None:
     assert set(CASES) == set(FLAGS)
 
 
-@pytest.mark.parametrize("suite", ["sweep", "strong"])
+@pytest.mark.parametrize("suite", ["sweep", "strong", "aa"])
 def test_the_sound_checkpoint_raises_no_flag(evaluated, suite: str) -> None:
     rows = evaluated(TINY.encoder, suite)
     assert rows and all(r["sanity_ok"] and not r["sanity_warnings"] for r in rows), [
         (r["attack"], r["eps"], r["sanity_failed"], r["sanity_warnings"]) for r in rows
     ]
     applied = {flag for flag in FLAGS if any(r[f"sanity_{flag}"] is True for r in rows)}
-    assert applied == set(FLAGS) - ({"monotone_in_eps"} if suite == "strong" else set())
+    not_here = {"strong": {"monotone_in_eps"} | AA_ONLY, "sweep": AA_ONLY}
+    not_here["aa"] = {"monotone_in_eps", "le_single_step"}  # one eps, no single-step attack
+    assert applied == set(FLAGS) - not_here[suite]
+
+
+def test_square_finds_what_the_gradient_attacks_missed(evaluated) -> None:
+    """The firing case is the one AutoAttack warns about: per-component survivors show Square
+    lowering accuracy after APGD-CE on the quantising encoder, and not on the sound one."""
+    fired = next(r for r in evaluated("quantising", "aa") if r["attack"] == "autoattack")
+    sound = next(r for r in evaluated(TINY.encoder, "aa") if r["attack"] == "autoattack")
+    assert fired["aa_n_robust_after_square"] < fired["aa_n_robust_after_apgd_ce"] - 2
+    assert sound["aa_n_robust_after_square"] >= sound["aa_n_robust_after_apgd_ce"] - 2
 
 
 @pytest.mark.parametrize("flag", sorted(CASES))
@@ -240,3 +264,23 @@ def test_model_flags_are_distinct(evaluated) -> None:
     }
     assert "deterministic" not in failed["batchcentred"]
     assert {enc for enc, flags in failed.items() if "eval_mode" in flags} == {"ignoreseval"}
+
+
+@pytest.mark.parametrize("encoder", ["quantising", TINY.encoder])
+def test_autoattack_rows_record_which_component_decided_each_example(evaluated, encoder: str) -> None:
+    """Survivors never increase from one component to the next, the last count is the row's robust
+    count, and the examples each component decided are disjoint and make up the difference."""
+    from robustbench_nacl.eval.benchmark import decode_bits
+
+    row = next(r for r in evaluated(encoder, "aa") if r["attack"] == "autoattack")
+    names = row["aa_components"].split(",")
+    assert names == ["apgd-ce", "square"]
+    n = row["n_examples_evaluated"]
+    counts = [row["n_clean_correct"]] + [row[f"aa_n_robust_after_{c.replace('-', '_')}"] for c in names]
+    assert counts == sorted(counts, reverse=True) and counts[-1] == row["n_robust"]
+    assert row["aa_robust_acc_after_square"] == row["robust_acc"]
+    decided = [decode_bits(row[f"aa_decided_bits_{c.replace('-', '_')}"], n) for c in names]
+    assert [int(d.sum()) for d in decided] == [a - b for a, b in itertools.pairwise(counts)]
+    clean, robust = decode_bits(row["clean_bits"], n), decode_bits(row["robust_bits"], n)
+    assert not (decided[0] & decided[1]).any()
+    assert ((decided[0] | decided[1]) == (clean & ~robust)).all()

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..registry import Registry
+from . import autoattack as aa_trace
 from .threat import check_perturbation
 
 
@@ -612,7 +613,9 @@ def autoattack(
             attacks=kept,
             n_target_classes=n_targets,
         )
+        decided = aa_trace.trace_components(aa, model, x, y)
         x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=max(1, len(x)))
+    aa_trace.record(eps, list(aa.attacks_to_run), decided)
     return x_adv.detach().to(x.dtype)
 
 

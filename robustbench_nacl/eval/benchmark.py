@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..attack import autoattack as aa_trace
 from ..attack.attacks import attack_info, model_device, robust_under_attack
 from ..attack.memory import halving_on_oom
 from ..attack.suites import AttackSpec, Suite, load_suite
@@ -202,14 +203,16 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
     gens = [_generator(run.device, derive_seed(run.seed, spec.name, spec.norm, params, e)) for e in eps]
     todo = run.clean.nonzero().squeeze(1)
     run.progress.set_postfix_str(f"{spec.name} {spec.norm}")
-    (correct, seconds), batch = halving_on_oom(
-        lambda bs: robust_under_attack(
-            spec.name, run.model, run.x[todo], run.y[todo], eps,
-            norm=spec.norm, gens=gens, batch_size=bs, params=run_params,
-        ),
-        run.bs,
-        gens,
-    )  # fmt: skip
+    def attempt(bs: int) -> tuple[tuple[Tensor, list[float]], dict]:
+        # a fresh AutoAttack record per try: a try that ran out of memory leaves none behind
+        with aa_trace.recording() as comps:  # AutoAttack: which component decided each example
+            out = robust_under_attack(
+                spec.name, run.model, run.x[todo], run.y[todo], eps,
+                norm=spec.norm, gens=gens, batch_size=bs, params=run_params,
+            )  # fmt: skip
+        return out, comps
+
+    ((correct, seconds), components), batch = halving_on_oom(attempt, run.bs, gens)
     # only when memory forced a smaller batch: rows of a run that fitted stay as they were
     smaller = {"attack_batch_size": batch} if batch != run.bs else {}
     describe = info.get("describe")
@@ -229,6 +232,11 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
                 n_attacked=int(todo.numel()),
                 wall_s=seconds[k],
                 **smaller,
+                **(
+                    aa_trace.component_fields(components[e], todo, run.n, encode_bits)
+                    if e in components
+                    else {}
+                ),
             )
         )
         masks.append(robust)

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from .. import plugins
 from ..attack.attacks import ATTACKS
 from ..attack.suites import Suite, load_suite
+from ..data.corruptions import corrupt, parse_corruptions, parse_severities
 from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, parse_spec
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
@@ -37,7 +38,7 @@ from ..models.foreign import NORMALIZATIONS, load_encoder
 from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
 from . import rows as results
-from .benchmark import WORST_CASE, benchmark
+from .benchmark import WORST_CASE, benchmark, derive_seed
 from .probe import ProbeConfig, fit_linear_probe
 from .rows import KEY_PARAMS, ROW_FORMAT, ResultRow
 
@@ -55,9 +56,11 @@ ATTACK_PACKAGES = {"autoattack": "pyautoattack"}
 class Setting:
     """One probe-and-attack job: which dataset the probe is trained and tested on."""
 
-    name: str  # "in-domain" | "transfer" | "shift"
+    name: str  # "in-domain" | "transfer" | "shift" | "corruption"
     dataset: str  # canonical spec
     shift: str | None = None
+    corruption: str | None = None  # the in-domain probe, tested on corrupted test images
+    severity: int | None = None
 
 
 class Evaluation(list[ResultRow]):
@@ -100,7 +103,11 @@ def transfer_default(dataset: str) -> str | None:
 
 
 def settings_for(
-    dataset: str, transfer: str | Iterable[str] | None, shift: str | Iterable[str] | None
+    dataset: str,
+    transfer: str | Iterable[str] | None,
+    shift: str | Iterable[str] | None,
+    corruptions: str | Iterable[str] | None = None,
+    severities: str | Iterable[int] | None = None,
 ) -> list[Setting]:
     """The settings to run: in-domain always, plus transfer targets and shift variants.
 
@@ -118,6 +125,7 @@ def settings_for(
                     raise UserError(f"unknown shift {part!r}; valid choices: all, {', '.join(SHIFT_NAMES)}")
                 base = dataset.split("@", 1)[0]
                 out.append(Setting("shift", canonical_spec(f"{base}@{part}"), part))
+    out += corruption_settings(dataset, corruptions, severities)
     for s in out:
         spec = parse_spec(s.dataset)  # unknown names and bad class lists fail now, not after hours of work
         if spec.subset is not None and len(spec.subset) < 2:
@@ -125,6 +133,22 @@ def settings_for(
                 f"dataset {s.dataset!r} has one class: a probe needs at least 2 (e.g. digits:0-4)"
             )
     return list(dict.fromkeys(out))
+
+
+def corruption_settings(
+    dataset: str, corruptions: str | Iterable[str] | None, severities: str | Iterable[int] | None
+) -> list[Setting]:
+    """One ``corruption`` setting per (corruption, severity): the in-domain dataset's test images
+    corrupted (docs/decisions.md, 'Corruptions'); ``all`` means those that suit its channels."""
+    if not corruptions:
+        if severities:
+            raise UserError("--severities needs --corruptions (all or a comma list of names)")
+        return []
+    channels = int(DATASETS.info(parse_spec(dataset).name)["channels"])
+    names = parse_corruptions(corruptions, channels)  # type: ignore[arg-type]
+    levels = parse_severities(severities)  # type: ignore[arg-type]
+    base = canonical_spec(dataset)
+    return [Setting("corruption", base, corruption=c, severity=s) for c in names for s in levels]
 
 
 def attack_versions(suite: Suite) -> dict[str, str]:
@@ -212,7 +236,13 @@ def _identity(
         "probe_config": asdict(kw["probe"]),
         "suite_sha256": suite.sha256,
         "attack_versions": kw["attack_versions"],
+        **_corruption_fields(setting),
     }
+
+
+def _corruption_fields(setting: Setting) -> dict[str, Any]:
+    # only corruption rows carry these: every other row keeps its fields and its id
+    return {"corruption": setting.corruption, "severity": setting.severity} if setting.corruption else {}
 
 
 def expected_identities(setting: Setting, suite: Suite, **kw: Any) -> list[dict[str, Any]]:
@@ -260,6 +290,7 @@ class _Job:
     batch_size: int | None
     device: torch.device
     progress: bool
+    probes: dict[str, Any]  # dataset -> (classifier, probe result): corruption settings reuse it
 
 
 def evaluate(
@@ -268,6 +299,8 @@ def evaluate(
     dataset: str | None = None,
     transfer: str | Iterable[str] | None = None,
     shift: str | Iterable[str] | None = None,
+    corruptions: str | Iterable[str] | None = None,
+    severities: str | Iterable[int] | None = None,
     suite: str | Path | dict[str, Any] | Suite = "paper",
     out: str | Path = "robustbench_out/leaderboard",
     n_examples: int | None = None,
@@ -293,12 +326,15 @@ def evaluate(
     untrained encoder of the same architecture instead (the random-initialisation control). Rows are
     written under ``out/rows/``; the returned list's ``summary`` says in one line how many were
     computed and how many already existed. ``probe.seed`` None (the default) means the evaluation
-    ``seed``.
+    ``seed``. ``corruptions`` (``"all"`` or names) adds a setting per corruption and severity
+    (``severities``: ``"1-5"`` by default): the in-domain probe on corrupted test images.
     """
     _check_args(n_examples, batch_size, probe)
     refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(device)
     loaded_suite = load_suite(suite)
+    parse_corruptions(corruptions)  # type: ignore[arg-type]  # names are checked before any loading
+    parse_severities(severities)  # type: ignore[arg-type]
     encoder, info = _load_source(checkpoint, dataset, arch=arch, fmt=fmt, normalize=normalize, name=name)
     if control and info["format"] == IN_MEMORY:
         raise UserError("control=True needs a checkpoint: an in-memory module has no architecture to rebuild")
@@ -312,8 +348,9 @@ def evaluate(
     )
     kw = {"sha": base["checkpoint_sha256"], "seed": seed, "n_examples": n_examples, "probe": probe}
     kw["attack_versions"] = attack_versions(loaded_suite)
-    job = _Job(encoder, loaded_suite, base, kw, Path(out), batch_size, dev, progress)
-    plan = [(s, *_existing(job, s, force)) for s in settings_for(dataset, transfer, shift)]
+    job = _Job(encoder, loaded_suite, base, kw, Path(out), batch_size, dev, progress, {})
+    settings = settings_for(dataset, transfer, shift, corruptions, severities)
+    plan = [(s, *_existing(job, s, force)) for s in settings]
     work = [s for s, ids, done in plan if len(done) < len(ids)]
     data = {s: _load(s, data_root) for s in work}  # a missing dataset fails before any row is written
     if work:
@@ -568,12 +605,10 @@ def _run_setting(
     t0 = time.perf_counter()
     n = job.kw["n_examples"]
     x_test, y_test = test.x[:n], test.y[:n]  # the first n test examples: fixed and documented
-    # Probing must never change the encoder: work on a copy so the caller's module is untouched too.
-    before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
-    classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
-    after = classifier.encoder.state_dict()
-    if any(not torch.equal(before[k], after[k]) for k in before):
-        raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
+    if setting.corruption:
+        seed = derive_seed(job.kw["seed"], "corruption", setting.corruption, setting.severity)
+        x_test = corrupt(x_test, setting.corruption, int(setting.severity or 1), seed)
+    classifier, probe_result = _probe(job, setting, train, test)
     probe_s = time.perf_counter() - t0
     measured = benchmark(
         classifier,
@@ -611,6 +646,22 @@ def _run_setting(
     return written
 
 
+def _probe(job: _Job, setting: Setting, train: ImageData, test: ImageData) -> tuple[nn.Module, Any]:
+    """The linear probe of a setting's dataset: fitted once per dataset in this evaluation (a
+    corruption setting tests the in-domain probe on corrupted images; the fit is deterministic)."""
+    if setting.name in ("in-domain", "corruption") and setting.dataset in job.probes:
+        return job.probes[setting.dataset]
+    # Probing must never change the encoder: work on a copy so the caller's module is untouched too.
+    before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
+    classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
+    after = classifier.encoder.state_dict()
+    if any(not torch.equal(before[k], after[k]) for k in before):
+        raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
+    if setting.name in ("in-domain", "corruption"):  # only these share a probe: hold no other
+        job.probes[setting.dataset] = (classifier, probe_result)
+    return classifier, probe_result
+
+
 def _make_row(job: _Job, setting: Setting, r: dict[str, Any], shared: dict[str, Any]) -> ResultRow:
     """One benchmark row plus the checkpoint, setting, probe and protocol fields, with its ids."""
     params = {} if r["attack"] == WORST_CASE else _spec_params(job.suite, r)
@@ -619,6 +670,7 @@ def _make_row(job: _Job, setting: Setting, r: dict[str, Any], shared: dict[str, 
         "setting": setting.name,
         "dataset": setting.dataset,
         "shift": setting.shift,
+        **_corruption_fields(setting),
         "split": "test",
         **{k: v for k, v in r.items() if k != "params"},  # robust_bits/clean_bits come along when present
         "attack_params": params,

@@ -32,7 +32,7 @@ from ..io import canonical_json, write_json_atomic
 ROWS_DIR = "rows"
 #: Version of the on-disk row layout; rows without recipe_id/protocol_id are format 1.
 ROW_FORMAT = 2
-SETTINGS = ("in-domain", "transfer", "shift")
+SETTINGS = ("in-domain", "transfer", "shift", "corruption")
 # Loss parameters shown as a recipe's "key parameters" (the ``key_params`` display column) when they
 # differ from SimCLR's defaults. Display only: recipes are told apart by recipe_id.
 KEY_PARAMS = (
@@ -68,6 +68,9 @@ IDENTITY = (
     "suite_sha256",
     "attack_versions",
 )
+# Identity fields only some rows have (corruption rows): part of the id where present, so that every
+# other row keeps the id it always had.
+OPTIONAL_IDENTITY = ("corruption", "severity")
 
 
 def _hash(obj: Any, n: int = 24) -> str:
@@ -80,7 +83,9 @@ def row_id(identity: Mapping[str, Any]) -> str:
     if missing:
         raise ValueError(f"row identity lacks {missing}")
     # default=str: legacy identities may hold non-JSON values; new rows are plain JSON already
-    canon = json.dumps({k: identity[k] for k in IDENTITY}, sort_keys=True, separators=(",", ":"), default=str)
+    fields = {k: identity[k] for k in IDENTITY}
+    fields |= {k: identity[k] for k in OPTIONAL_IDENTITY if identity.get(k) is not None}
+    canon = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canon.encode()).hexdigest()[:24]
 
 
@@ -100,6 +105,7 @@ def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
         "probe": probe,
         "n_examples": row["n_examples"],
         "attack_versions": dict(row["attack_versions"]),
+        **{k: row[k] for k in OPTIONAL_IDENTITY if row.get(k) is not None},
     }
 
 

@@ -12,7 +12,8 @@ Three kinds of result:
   number suspect (AutoAttack's ``checks.py``, Athalye et al. 2018, Carlini et al. 2019):
   randomness, batch dependence, submodules that ignore ``eval()``, zero input gradients, accuracy
   that an unbounded attack cannot drive to zero, clean accuracy at chance, robust accuracy rising
-  with eps, iterative attacks weaker than single-step ones, attacks weaker than random noise.
+  with eps, iterative attacks weaker than single-step ones, attacks weaker than random noise,
+  AutoAttack's Square fooling examples its gradient attacks missed.
 
 Every flag can fire through ``evaluate`` (tests/test_sanity_flags.py makes each one fire). Flags go
 into every result row as ``sanity_<name>``: ``True`` when the check passes, ``False`` when it
@@ -34,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attack.attacks import pgd
+from ..attack.autoattack import square_new_finds
 from ..attack.threat import check_perturbation
 from ..errors import SanityError, UserError
 from ..utils import ieee_fp32
@@ -49,12 +51,15 @@ FLAGS: dict[str, str] = {
     "monotone_in_eps": "robust accuracy rises with eps within one attack (a warning for FGSM)",
     "le_single_step": "an iterative attack is weaker than a single-step one at the same norm and eps",
     "attack_beats_noise": "the attack is weaker than random noise of the same size",
+    "square_adds_nothing": "AutoAttack's Square (no gradients) fooled examples the gradient attacks missed",
 }
 SANITY_N = 128
 # Cross-row comparisons allow this many examples of slack (random starts differ between attacks).
 TOL_EXAMPLES = 2
 # Above this accuracy an attack at eps = 1 (every image reachable) counts as failing.
 UNBOUNDED_MAX_ACC = 0.05
+# AutoAttack's check_square_sr threshold: Square may lower robust accuracy by this fraction.
+SQUARE_ALPHA = 0.002
 
 
 def _head(x: Tensor, n: int) -> Tensor:
@@ -358,5 +363,17 @@ def cross_row_checks(rows: list[dict[str, Any]], *, tol_examples: int = TOL_EXAM
         r["sanity_attack_beats_noise"] = (
             None if noise is None else r["robust_acc"] <= noise + tol_examples / n
         )
+        r["sanity_square_adds_nothing"] = square_adds_nothing(r, tol_examples)
     for i, r in enumerate(rows):
         _summarise(r, i in warn_only)
+
+
+def square_adds_nothing(row: dict[str, Any], tol_examples: int = TOL_EXAMPLES) -> bool | None:
+    """False if AutoAttack's Square fooled more than the slack of examples that the gradient
+    attacks run before it had left correct (AutoAttack's ``check_square_sr``: a gradient-free attack
+    beating APGD means the gradients mislead). The slack is ``tol_examples`` or AutoAttack's own
+    0.2 % of the examples, whichever is larger. None on rows without a Square component."""
+    found = square_new_finds(row)
+    if found is None:
+        return None
+    return found <= max(tol_examples, math.ceil(SQUARE_ALPHA * max(1, row["n_examples"])))

@@ -196,6 +196,9 @@ def table_key(r: ResultRow) -> tuple[str, str, str]:
     protocol context share a table, under the dataset they are made from."""
     if r.setting == "shift":
         return (r.setting, r.dataset.split("@", 1)[0], protocol_context(r.protocol))
+    if r.setting == "corruption":  # every corruption and severity of one protocol: one table
+        rest = {k: v for k, v in r.protocol.items() if k not in ("corruption", "severity")}
+        return (r.setting, r.dataset, protocol_context(rest))
     return (r.setting, r.dataset, r.protocol_id)
 
 

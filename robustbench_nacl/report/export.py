@@ -26,12 +26,15 @@ def display_order(ctx: Context) -> list[Entry]:
 def records(ctx: Context) -> list[dict[str, Any]]:
     """One flat, numeric record per entry (the lines of results.csv and leaderboard.json)."""
     metrics = _metric_names(ctx.entries)
+    # corruption columns only when some entry has them: boards without corruptions are unchanged
+    corrupted = any(e.setting == "corruption" for e in ctx.entries)
     out = []
     for e in display_order(ctx):
         rec: dict[str, Any] = {
             "setting": e.setting,
             "dataset": e.dataset,
             "shift": e.shift,
+            **({k: e.rows[0].get(k) for k in ("corruption", "severity")} if corrupted else {}),
             "rank": e.rank,
             "label": ctx.label(e.recipe),
             "encoder": e.recipe.encoder,

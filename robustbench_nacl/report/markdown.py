@@ -218,10 +218,17 @@ def _table_shift(ctx: Context, table: Table) -> list[str]:
     return [*_heading(title, table, what), _table_md(heads, body, align), "", *_caption(ctx, table)]
 
 
+def _table_corruption(ctx: Context, table: Table) -> list[str]:
+    from .corruption_table import table_corruption  # its own module; it reuses this one's helpers
+
+    return table_corruption(ctx, table)
+
+
 TABLES: dict[str, Callable[[Context, Table], list[str]]] = {
     "in-domain": _table_in_domain,
     "transfer": _table_transfer,
     "shift": _table_shift,
+    "corruption": _table_corruption,
 }
 
 
