@@ -749,6 +749,17 @@ def _simclr_maker(
     return simclr_views(x, n_views, gen, cfg)
 
 
+@VIEW_MAKERS.register("acl", params=("aug_strength",), bounded=True)
+def _acl_maker(x: Tensor, n_views: int, gen: torch.Generator, /, aug_strength: float = 1.0, **_: Any) -> list[Tensor]:
+    """ACL/DynACL views at strength s: crop scale (1 - 0.9s, 1), flip, ColorJitter(0.4s, .., 0.1s) p=0.8s, gray p=0.2s."""
+    s = float(aug_strength)
+    if not 0.0 <= s <= 1.0:
+        raise UserError(f"aug_strength={s}; must lie in [0, 1]")
+    # ACL train_simCLR.py (strength 1.0) and DynACL train_DynACL.py reload(strength): one policy
+    cfg = SimCLRAug(strength=0.5 * s, scale=(1.0 - 0.9 * s, 1.0), p_jitter=0.8 * s, p_gray=0.2 * s)
+    return simclr_views(x, n_views, gen, cfg)
+
+
 @VIEW_MAKERS.register("crop_flip", params=("scale_min",), bounded=True)
 def _crop_flip_maker(
     x: Tensor, n_views: int, gen: torch.Generator, /, scale_min: float = 0.08, **_: Any

@@ -174,6 +174,9 @@ def build_manifest(
     }
     if distributed is not None:
         manifest["distributed"] = distributed
+    eval_bn = params.extra_params().get("eval_bn", "clean")
+    if manifest["dual_bn"] and eval_bn != "clean":  # only then: every other manifest is unchanged
+        manifest["eval_bn_route"] = eval_bn  # the BatchNorm branch evaluations use (ACL: the adversarial one)
     return manifest
 
 

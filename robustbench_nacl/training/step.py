@@ -13,6 +13,7 @@ from .. import losses
 from ..augment import views as augment
 from ..data.datasets import normalization
 from ..errors import NonFiniteLoss
+from ..losses.adversarial import StepContext
 from ..losses.objectives import Objective
 from ..models.encoders import ContrastiveModel, create_encoder
 from .config import TrainConfig
@@ -69,11 +70,31 @@ class TrainStep:
         self.need = losses.needs(params)
         self.objective = objective or losses.OBJECTIVES.get(params.objective)
         self.view_maker = view_maker or augment.VIEW_MAKERS.get(params.views)
-        self.view_kwargs = params.to_dict()
+        # a method's own parameters (``extra``) reach the view maker too (e.g. ACL's aug_strength)
+        self.base_view_kwargs = {**params.to_dict(), **params.extra_params()}
+        self.view_kwargs = self.base_view_kwargs
         self.device = next(model.parameters()).device
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"
         )
+        self.ctx: StepContext | None = None
+        if self.objective.contextual or self.objective.schedule is not None:
+            self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Per-epoch state of an adversarial or scheduled objective (a no-op for the others).
+
+        The attack's generator is derived from (seed, epoch) alone, like the view generator of the
+        loop but a separate stream: resuming at an epoch boundary replays it bit for bit, and the
+        views are the ones every other preset draws.
+        """
+        if not (self.objective.contextual or self.objective.schedule is not None):
+            return
+        values = self.objective.schedule(self.params, epoch, self.cfg.epochs) if self.objective.schedule else {}
+        self.view_kwargs = {**self.base_view_kwargs, **values}
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed((self.cfg.seed * 1_000_003 + epoch * 7_919 + 104_729) % (2**63))
+        self.ctx = StepContext(epoch=epoch, epochs=self.cfg.epochs, gen=gen, values=values)
 
     def views(self, x: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
         """The batch's views, as the loss sees them (channels_last when configured)."""
@@ -87,7 +108,10 @@ class TrainStep:
     ) -> tuple[float, dict[str, float]]:
         views = self.views(x, gen)
         with self.autocast:
-            loss, stats = self.objective.loss(self.model, views, y, self.params, gen, self.cfg.fuse_views)
+            extra = {"ctx": self.ctx} if self.objective.contextual else {}
+            loss, stats = self.objective.loss(
+                self.model, views, y, self.params, gen, self.cfg.fuse_views, **extra
+            )
         value = loss.item()
         if not math.isfinite(value):
             raise NonFiniteLoss(f"non-finite loss ({value})")
