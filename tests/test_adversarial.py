@@ -18,6 +18,7 @@ from robustbench_nacl.losses.adversarial import (
     InnerAttack,
     StepContext,
     acl_loss,
+    deacl_loss,
     dynacl_schedule,
     nt_xent,
     pgd_maximise,
@@ -92,6 +93,22 @@ def test_rocl_loss_equals_the_naive_per_anchor_reference() -> None:
     assert rocl_loss(z1, z2, z1.clone(), T, 256.0).item() < got
 
 
+def naive_deacl(s: torch.Tensor, sa: torch.Tensor, t: torch.Tensor, k: float) -> float:
+    """Per image: -cos(s_i, t_i) - k cos(sa_i, s_i), averaged over the batch."""
+    total = 0.0
+    for i in range(s.shape[0]):
+        c1 = float(s[i] @ t[i] / (s[i].norm() * t[i].norm()))
+        c2 = float(sa[i] @ s[i] / (sa[i].norm() * s[i].norm()))
+        total += -c1 - k * c2
+    return total / s.shape[0]
+
+
+def test_deacl_loss_equals_the_naive_per_image_reference() -> None:
+    g = torch.Generator().manual_seed(5)
+    s, sa, t = (torch.randn(6, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    assert deacl_loss(s, sa, t, 2.0).item() == pytest.approx(naive_deacl(s, sa, t, 2.0), rel=1e-10)
+
+
 def _golden() -> list[dict]:
     if not GOLDEN.exists():  # shipped with the tests: a missing file is a broken checkout, not a skip
         pytest.fail(f"golden file missing: {GOLDEN}")
@@ -100,12 +117,13 @@ def _golden() -> list[dict]:
 
 def test_losses_match_the_authors_code_golden_values() -> None:
     cases = _golden()
-    assert {c["loss"] for c in cases} == {"acl", "dynacl", "rocl"}
+    assert {c["loss"] for c in cases} == {"acl", "dynacl", "rocl", "deacl"}
     for c in cases:
-        z1, z2, a1, a2 = (
-            F.normalize(torch.tensor(c[k], dtype=torch.float64), dim=1) for k in ("z1", "z2", "z1_adv", "z2_adv")
-        )
-        if c["loss"] == "rocl":
+        raw = [torch.tensor(c[k], dtype=torch.float64) for k in ("z1", "z2", "z1_adv", "z2_adv")]
+        z1, z2, a1, a2 = (F.normalize(r, dim=1) for r in raw)
+        if c["loss"] == "deacl":  # cosines of the raw features: student clean, teacher, student adversarial
+            got, rel = deacl_loss(raw[0], raw[2], raw[1], c["trades_k"]).item(), 1e-10
+        elif c["loss"] == "rocl":
             got = rocl_loss(z1, z2, a1, c["t"], c["rocl_lamda"]).item()
             rel = 1e-6  # RoCL's code adds 1e-8 inside its logs
         else:
@@ -116,12 +134,6 @@ def test_losses_match_the_authors_code_golden_values() -> None:
 
 
 # ============ the inner attack ============
-
-
-def _model(dual_bn: bool, seed: int = 0) -> ContrastiveModel:
-    torch.manual_seed(seed)
-    enc = create_encoder("convnet_small", in_channels=1, mean=(0.5,), std=(0.5,), dual_bn=dual_bn, width=8)
-    return ContrastiveModel(enc, "clae").double()
 
 
 def _images(b: int = 16, seed: int = 0) -> list[torch.Tensor]:
@@ -186,15 +198,27 @@ def test_a2s_attacks_only_the_second_view_and_the_random_start_uses_the_attack_g
     assert torch.equal(a[1], b[1]) and not torch.equal(a[1], c[1])
 
 
-@pytest.mark.parametrize("preset", ["acl", "rocl", "dynacl"])
+def _model(dual_bn: bool, seed: int = 0, head: str = "clae") -> ContrastiveModel:
+    torch.manual_seed(seed)
+    enc = create_encoder("convnet_small", in_channels=1, mean=(0.5,), std=(0.5,), dual_bn=dual_bn, width=8)
+    return ContrastiveModel(enc, head).double()
+
+
+@pytest.mark.parametrize("preset", ["acl", "rocl", "dynacl", "deacl"])
 def test_objective_runs_and_updates_only_through_backward(preset: str) -> None:
     p = resolve(preset)
-    model = _model(p.dual_bn and preset != "rocl")
+    model = _model(p.dual_bn, head=p.head).float()
     xs = [x.float() for x in _images(8)]
-    model = model.float()
     obj = OBJECTIVES.get(p.objective)
     assert obj.contextual
-    ctx = StepContext(epoch=0, epochs=10, gen=torch.Generator().manual_seed(0), values={"adv_weight": 1.0})
+    teacher = _model(False, seed=1).encoder.float().eval()  # DeACL's stage-1 encoder
+    ctx = StepContext(
+        epoch=0,
+        epochs=10,
+        gen=torch.Generator().manual_seed(0),
+        values={"adv_weight": 1.0},
+        resources={"teacher": teacher},
+    )
     loss, _ = obj.loss(model, xs, None, p, torch.Generator(), False, ctx=ctx)
     assert loss.dtype == torch.float32 and math.isfinite(loss.item())
     assert all(q.grad is None for q in model.parameters())

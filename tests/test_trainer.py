@@ -46,7 +46,10 @@ TINY = {
 
 @pytest.mark.parametrize("preset", losses.list_presets())
 def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_path: Path) -> None:
-    overrides = {"M": 3} if losses.PRESETS.get(preset).params.M > 3 else {}
+    overrides: dict[str, Any] = {"M": 3} if losses.PRESETS.get(preset).params.M > 3 else {}
+    if "teacher" in losses.PRESETS.get(preset).params.extra_params():  # DeACL: a stage-1 checkpoint first
+        teacher = train(TrainConfig(loss="simclr", epochs=1, **TINY), tmp_path / "teacher", progress=False)
+        overrides["teacher"] = str(teacher)
     cfg = TrainConfig(loss=preset, overrides=overrides, epochs=1, **TINY)
     out = train(cfg, tmp_path / "run", progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -77,6 +80,9 @@ def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_p
         # every parameter of the inner attack is recorded (losses/adversarial.py)
         assert manifest["loss_params"]["extra"] == params.extra_params()
         assert {"attack_eps", "attack_steps", "attack_step_size"} <= set(manifest["loss_params"]["extra"])
+    if "teacher" in overrides:  # the teacher is recorded by content
+        teacher_manifest = json.loads((Path(overrides["teacher"]) / "manifest.json").read_text())
+        assert manifest["teacher"]["weights_sha256"] == teacher_manifest["weights_sha256"]
     assert not (out / "train_state.pt").exists()  # the resume state is removed once the run is final
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [0, 1] and "test_knn_acc" in log[0] and "test_knn_acc" in log[1]

@@ -14,8 +14,10 @@ comes from: docs/decisions.md, 'Adversarial contrastive pretraining'.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..models.encoders import bn_route
+from ..models.foreign import load_encoder
 from .estimators import pair_loss_rows, similarity
 from .objectives import OBJECTIVES, Objective, encode
 from .params import LossParams, Needs
@@ -47,6 +50,7 @@ class StepContext:
     epochs: int = 1
     gen: torch.Generator | None = None
     values: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)  # from the objective's setup (a teacher)
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,8 @@ def check_attack(p: LossParams) -> None:
         raise _bad(f"reload_frac={e['reload_frac']}; must lie in (0, 1]")
     if "swap_param" in e and not 0.0 <= e["swap_param"] <= 1.5:
         raise _bad(f"swap_param={e['swap_param']}; must lie in [0, 1.5]")
+    if e.get("teacher") and not Path(str(e["teacher"])).exists():
+        raise _bad(f"teacher={e['teacher']!r} does not exist; pass a checkpoint directory written by `train`")
 
 
 def _adv_needs(p: LossParams) -> Needs:
@@ -289,16 +295,75 @@ def _rocl(model: nn.Module, views: list[Tensor], y: Tensor | None, p: LossParams
     return rocl_loss(z1, z2, z_adv, p.t, float(e["rocl_lamda"])), {}
 
 
+def deacl_loss(s_clean: Tensor, s_adv: Tensor, target: Tensor, trades_k: float) -> Tensor:
+    """DeACL stage 2: ``-cos(s(x), t(x)).mean() - trades_k * cos(s(x_adv), s(x)).mean()``."""
+    cos = torch.nn.functional.cosine_similarity
+    return -cos(s_clean, target).mean() - trades_k * cos(s_adv, s_clean).mean()
+
+
+def load_teacher(p: LossParams, device: torch.device) -> dict[str, Any]:
+    """DeACL's stage-1 teacher: the encoder of any checkpoint ``teacher`` names, frozen, in eval mode."""
+    spec = str(p.extra_params().get("teacher", ""))
+    if not spec:
+        raise UserError("deacl needs a stage-1 teacher: --set teacher=DIR (a checkpoint written by `train`)")
+    encoder, info = load_encoder(spec)
+    for q in encoder.parameters():
+        q.requires_grad_(False)
+    return {"teacher": encoder.to(device).eval(), "teacher_info": info}
+
+
+def _deacl(
+    model: nn.Module,
+    views: list[Tensor],
+    y: Tensor | None,
+    p: LossParams,
+    gen: torch.Generator,
+    fuse: bool = False,
+    *,
+    ctx: StepContext | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """DeACL stage 2: attack the weak view away from the teacher, then the two cosine terms."""
+    ctx = ctx or StepContext()
+    teacher = ctx.resources.get("teacher")
+    if teacher is None:  # a caller without the trainer's setup
+        teacher = load_teacher(p, views[0].device)["teacher"]
+    x = views[0]
+    with torch.no_grad():
+        target = teacher(x).float()
+    cos = torch.nn.functional.cosine_similarity
+
+    def attack_loss(xa: list[Tensor]) -> Tensor:
+        out = model(xa[0]).float()
+        if out.shape[1] != target.shape[1]:
+            raise UserError(
+                f"deacl: the teacher's features have {target.shape[1]} dimensions and the student's "
+                f"{out.shape[1]}; use a teacher with the student's encoder (--encoder, --encoder-arg)"
+            )
+        return -cos(out, target, dim=1).sum()
+
+    (x_adv,) = pgd_maximise(model, [x], attack_loss, InnerAttack.from_params(p), route=_route(p), gen=ctx.gen)
+    # the authors' one forward of [clean; adversarial] (BatchNorm statistics over both)
+    s = model(torch.cat([x, x_adv], dim=0)).float()
+    s_clean, s_adv = s.split(x.shape[0], dim=0)
+    return deacl_loss(s_clean, s_adv, target, float(p.extra_params()["trades_k"])), {}
+
+
 def register_adversarial_objective(
     name: str,
     fn: Callable[..., tuple[Tensor, dict[str, float]]],
     description: str,
     schedule: Callable[[LossParams, int, int], dict[str, Any]] | None = None,
+    setup: Callable[[LossParams, torch.device], dict[str, Any]] | None = None,
+    n_views: int = 2,
 ) -> None:
     """Register an objective that receives a :class:`StepContext` (``ctx=``) from the trainer."""
+
+    def needs(p: LossParams) -> Needs:
+        return dataclasses.replace(_adv_needs(p), n_views=n_views)
+
     OBJECTIVES.add(
         name,
-        Objective(needs=_adv_needs, loss=fn, contextual=True, schedule=schedule),
+        Objective(needs=needs, loss=fn, contextual=True, schedule=schedule, setup=setup),
         description=description,
     )
 
@@ -308,8 +373,13 @@ register_adversarial_objective(
     "dynacl", _acl, "DynACL: ACL with annealed augmentation and adversarial weight", schedule=dynacl_schedule
 )
 register_adversarial_objective("rocl", _rocl, "RoCL: instance-wise attack, adversarial view as a positive")
+register_adversarial_objective(
+    "deacl", _deacl, "DeACL stage 2: distil a teacher on clean, pull adversarial to clean", setup=load_teacher, n_views=1
+)
 
 #: ACL/DynACL's PGD: eps 8/255, step 2/255, 5 steps (``PGD_contrastive`` and ``--pgd_iter 5``)
 ACL_ATTACK = attack_defaults(8 / 255, 5, 2 / 255, eval_bn="adv")
 #: RoCL's ``rocl_train.py`` arguments: epsilon 0.0314, alpha 0.007, k = 7
 ROCL_ATTACK = attack_defaults(0.0314, 7, 0.007, eval_bn="clean")
+#: DeACL's ``mocov2_distillation_AT.py``: epsilon 8, step_size 2 (/255), num_steps 5
+DEACL_ATTACK = attack_defaults(8 / 255, 5, 2 / 255, eval_bn="clean")

@@ -189,6 +189,9 @@ class Objective:
     contextual: bool = False
     # per-epoch values ``schedule(p, epoch, epochs) -> {name: value}`` handed to the view maker and in ``ctx``
     schedule: Callable[[LossParams, int, int], dict[str, Any]] | None = None
+    # what the objective needs once per run, ``setup(p, device) -> {name: object}``, in ``ctx.resources``
+    # (DeACL's frozen teacher)
+    setup: Callable[[LossParams, torch.device], dict[str, Any]] | None = None
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")

@@ -232,6 +232,16 @@ _adv_preset(
     views="acl",
     t=0.5,
 )
+_adv_preset(
+    "deacl",
+    "Zhang et al. 2022, DeACL (ECCV)",
+    "DeACL: -cos(s(x), teacher(x)) - 2 cos(s(x_adv), s(x)), PGD-5 8/255; --set teacher=DIR",
+    {**adversarial.DEACL_ATTACK, "teacher": "", "trades_k": 2.0},
+    objective="deacl",
+    views="pad_crop_flip",
+    head="none",
+    dual_bn=False,
+)
 
 
 def list_presets() -> list[str]:

@@ -78,6 +78,8 @@ class TrainStep:
             self.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"
         )
         self.ctx: StepContext | None = None
+        setup = self.objective.setup
+        self.resources = setup(params, self.device) if setup is not None else {}
         if self.objective.contextual or self.objective.schedule is not None:
             self.set_epoch(0)
 
@@ -94,7 +96,9 @@ class TrainStep:
         self.view_kwargs = {**self.base_view_kwargs, **values}
         gen = torch.Generator(device=self.device)
         gen.manual_seed((self.cfg.seed * 1_000_003 + epoch * 7_919 + 104_729) % (2**63))
-        self.ctx = StepContext(epoch=epoch, epochs=self.cfg.epochs, gen=gen, values=values)
+        self.ctx = StepContext(
+            epoch=epoch, epochs=self.cfg.epochs, gen=gen, values=values, resources=self.resources
+        )
 
     def views(self, x: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
         """The batch's views, as the loss sees them (channels_last when configured)."""

@@ -9,7 +9,10 @@ Transcriptions (float64, plain torch, nothing from robustbench_nacl) of:
 - RoCL, https://github.com/Kim-Minseon/RoCL: ``src/loss.py`` ``pairwise_similarity`` and
   ``NT_xent(adv_type='Rep')`` (layout [x1; x2; x_adv], the 1e-8 terms kept), ``src/attack_lib.py``
   ``RepresentationAdv.get_loss`` (``(1 / lamda) NT_xent`` of [x_adv; x2], ``regularize_to='other'``)
-  and ``src/rocl_train.py`` (``loss = simloss + adv_loss``).
+  and ``src/rocl_train.py`` (``loss = simloss + adv_loss``);
+- DeACL, https://github.com/pantheon5100/DeACL: ``solo/methods/mocov2_distillation_AT.py``
+  ``training_step`` (``adv_loss = -cos(student_clean, away_target).mean()
+  - trades_k * cos(student_AE, student_clean).mean()``, trades_k = 2).
 
 Run from the repository root: ``python tests/data/golden/make_adversarial_golden.py``.
 """
@@ -81,6 +84,10 @@ def main() -> None:
         simloss = rocl_nt_xent(rocl_similarity(torch.cat([z1, z2, a1])), rep=True)
         reg = (1.0 / lamda) * rocl_nt_xent(rocl_similarity(torch.cat([a1, z2])), rep=False)
         cases.append({"loss": "rocl", "rocl_lamda": lamda, "t": 0.5, **arrays, "value": float(simloss + reg)})
+        # DeACL on unnormalised features: z1 = student(clean), z1_adv = student(AE), z2 = teacher(clean)
+        cos = torch.nn.functional.cosine_similarity
+        deacl = -cos(z1, z2).mean() + -2.0 * cos(a1, z1).mean()
+        cases.append({"loss": "deacl", "trades_k": 2.0, **arrays, "value": float(deacl)})
     out = Path(__file__).with_name("adversarial_losses_b8.json")
     out.write_text(json.dumps(cases, indent=1) + "\n")
 
