@@ -173,7 +173,9 @@ def test_inner_pgd_strictly_increases_the_contrastive_loss_and_stays_in_the_ball
 def test_inner_pgd_equals_torchattacks_pgd_on_a_classifier_loss() -> None:
     torchattacks = pytest.importorskip("torchattacks", reason="torchattacks is the independent PGD")
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5)
+    )
     net = net.eval()
     x = torch.rand(32, 1, 8, 8)
     y = torch.randint(0, 5, (32,))
@@ -269,7 +271,43 @@ def test_bad_attack_parameters_are_one_line_errors(preset: str, override: dict, 
 def test_presets_record_every_inner_attack_parameter() -> None:
     for name in ("acl", "rocl", "dynacl"):
         extra = resolve(name).to_dict()["extra"]
-        for key in ("attack_eps", "attack_steps", "attack_step_size", "attack_random_start", "attack_bn_eval"):
+        for key in (
+            "attack_eps",
+            "attack_steps",
+            "attack_step_size",
+            "attack_random_start",
+            "attack_bn_eval",
+        ):
             assert key in extra, (name, key)
     assert resolve("acl").to_dict()["extra"]["attack_eps"] == pytest.approx(8 / 255)
     assert resolve("rocl").to_dict()["extra"]["attack_steps"] == 7
+
+
+# ============ the methods' views ============
+
+
+def test_pad_crop_equals_torchvision_random_crop_per_sample() -> None:
+    from torchvision.transforms import functional as TF
+
+    from robustbench_nacl.augment.views import pad_crop
+
+    x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    got = pad_crop(x, torch.Generator().manual_seed(1), 1)
+    g = torch.Generator().manual_seed(1)  # the same draws: tops, then lefts
+    top, left = torch.randint(0, 3, (6,), generator=g), torch.randint(0, 3, (6,), generator=g)
+    for i in range(6):
+        want = TF.crop(TF.pad(x[i], [1]), int(top[i]), int(left[i]), 8, 8)
+        assert torch.equal(got[i], want)
+    assert not torch.equal(got, x)
+
+
+def test_acl_views_at_strength_zero_are_flips_only_and_strength_one_is_the_acl_policy() -> None:
+    from robustbench_nacl.augment.views import VIEW_MAKERS
+
+    x = torch.rand(8, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    (v,) = VIEW_MAKERS.get("acl")(x, 1, torch.Generator().manual_seed(2), aug_strength=0.0)
+    assert all(torch.equal(v[i], x[i]) or torch.equal(v[i], x[i].flip(-1)) for i in range(8))
+    (w,) = VIEW_MAKERS.get("acl")(x, 1, torch.Generator().manual_seed(2), aug_strength=1.0)
+    assert not all(torch.equal(w[i], x[i]) or torch.equal(w[i], x[i].flip(-1)) for i in range(8))
+    with pytest.raises(UserError, match="aug_strength"):
+        VIEW_MAKERS.get("acl")(x, 1, torch.Generator(), aug_strength=1.5)

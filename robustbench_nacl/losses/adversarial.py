@@ -117,8 +117,10 @@ def pgd_maximise(
                 loss = loss_fn([x + d for x, d in zip(x0, leaves, strict=True)])
                 moving = [d for d, a in zip(leaves, attacked, strict=True) if a]
                 grads = iter(torch.autograd.grad(loss, moving))
-                deltas = [_pgd_update(x, d, next(grads), attack) if a else d.detach() for x, d, a in
-                          zip(x0, leaves, attacked, strict=True)]
+                deltas = [
+                    _pgd_update(x, d, next(grads), attack) if a else d.detach()
+                    for x, d, a in zip(x0, leaves, attacked, strict=True)
+                ]
     finally:
         model.train(was_training)
     return [(x + d).detach() for x, d in zip(x0, deltas, strict=True)]
@@ -265,15 +267,25 @@ def _acl(
     def attack_loss(xa: list[Tensor]) -> Tensor:
         return nt_xent(*embed_pair(xa), p.t)
 
-    adv = pgd_maximise(model, views[:2], attack_loss, InnerAttack.from_params(p), gen=ctx.gen, attacked=attacked)
+    adv = pgd_maximise(
+        model, views[:2], attack_loss, InnerAttack.from_params(p), gen=ctx.gen, attacked=attacked
+    )
     z_adv = embed_pair(adv)
     z = encode(model, views[:2], fuse) if mode == "ds" else z_adv
     weight = float(ctx.values.get("adv_weight", 1.0))
     return acl_loss(z, z_adv, p.t, mode, weight), {}
 
 
-def _rocl(model: nn.Module, views: list[Tensor], y: Tensor | None, p: LossParams, gen: torch.Generator,
-          fuse: bool = False, *, ctx: StepContext | None = None) -> tuple[Tensor, dict[str, float]]:
+def _rocl(
+    model: nn.Module,
+    views: list[Tensor],
+    y: Tensor | None,
+    p: LossParams,
+    gen: torch.Generator,
+    fuse: bool = False,
+    *,
+    ctx: StepContext | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """RoCL: instance-wise attack of view 1 against view 2, then the 3-view loss and its regulariser."""
     ctx = ctx or StepContext()
     e = p.extra_params()
@@ -288,7 +300,9 @@ def _rocl(model: nn.Module, views: list[Tensor], y: Tensor | None, p: LossParams
         (za,) = encode(model, xa)
         return nt_xent(za, target, p.t)
 
-    (x_adv,) = pgd_maximise(model, [x1], attack_loss, InnerAttack.from_params(p), route=_route(p), gen=ctx.gen)
+    (x_adv,) = pgd_maximise(
+        model, [x1], attack_loss, InnerAttack.from_params(p), route=_route(p), gen=ctx.gen
+    )
     z1, z2 = encode(model, [x1, x2], fuse)
     with bn_route(model, _route(p)):
         (z_adv,) = encode(model, [x_adv])
@@ -374,7 +388,11 @@ register_adversarial_objective(
 )
 register_adversarial_objective("rocl", _rocl, "RoCL: instance-wise attack, adversarial view as a positive")
 register_adversarial_objective(
-    "deacl", _deacl, "DeACL stage 2: distil a teacher on clean, pull adversarial to clean", setup=load_teacher, n_views=1
+    "deacl",
+    _deacl,
+    "DeACL stage 2: distil a teacher on clean, pull adversarial to clean",
+    setup=load_teacher,
+    n_views=1,
 )
 
 #: ACL/DynACL's PGD: eps 8/255, step 2/255, 5 steps (``PGD_contrastive`` and ``--pgd_iter 5``)

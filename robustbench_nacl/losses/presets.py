@@ -26,7 +26,7 @@ from ..augment import views as augment
 from ..errors import UserError
 from ..models.encoders import HEADS, create_head
 from ..registry import Registry, did_you_mean
-from . import adversarial
+from .adversarial import ACL_ATTACK, DEACL_ATTACK, ROCL_ATTACK
 from .estimators import autocast_off
 from .objectives import AGGREGATORS, OBJECTIVES, Objective, needs, project
 from .params import (
@@ -207,8 +207,8 @@ def _adv_preset(name: str, paper: str, description: str, extra: dict[str, Any], 
 _adv_preset(
     "acl",
     "Jiang et al. 2020, ACL (NeurIPS)",
-    "ACL(DS): (NT-Xent(clean) + NT-Xent(PGD-5 8/255 views))/2, dual BN; acl_mode=ds|a2a|a2s",
-    {**adversarial.ACL_ATTACK, "acl_mode": "ds", "aug_strength": 1.0},
+    "ACL(DS): (NT-Xent(clean) + NT-Xent(PGD-5 8/255 views))/2, dual BN; acl_mode ds, a2a or a2s",
+    {**ACL_ATTACK, "acl_mode": "ds", "aug_strength": 1.0},
     objective="acl",
     views="acl",
     t=0.5,
@@ -217,7 +217,7 @@ _adv_preset(
     "rocl",
     "Kim et al. 2020, RoCL (NeurIPS)",
     "RoCL: PGD-7 0.0314 on view 1 vs view 2; adv view an extra positive + NT-Xent(adv, v2)/256",
-    {**adversarial.ROCL_ATTACK, "rocl_lamda": 256.0},
+    {**ROCL_ATTACK, "rocl_lamda": 256.0},
     objective="rocl",
     views="simclr",
     t=0.5,
@@ -227,7 +227,7 @@ _adv_preset(
     "dynacl",
     "Luo et al. 2023, DynACL (ICLR)",
     "DynACL: ACL(DS) with strength 1 -> 0 and adv weight 1 -> 5/3 annealed (reload_frac, swap_param)",
-    {**adversarial.ACL_ATTACK, "acl_mode": "ds", "reload_frac": 0.05, "swap_param": 2 / 3},
+    {**ACL_ATTACK, "acl_mode": "ds", "reload_frac": 0.05, "swap_param": 2 / 3},
     objective="dynacl",
     views="acl",
     t=0.5,
@@ -236,7 +236,7 @@ _adv_preset(
     "deacl",
     "Zhang et al. 2022, DeACL (ECCV)",
     "DeACL: -cos(s(x), teacher(x)) - 2 cos(s(x_adv), s(x)), PGD-5 8/255; --set teacher=DIR",
-    {**adversarial.DEACL_ATTACK, "teacher": "", "trades_k": 2.0},
+    {**DEACL_ATTACK, "teacher": "", "trades_k": 2.0},
     objective="deacl",
     views="pad_crop_flip",
     head="none",

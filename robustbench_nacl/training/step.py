@@ -92,7 +92,9 @@ class TrainStep:
         """
         if not (self.objective.contextual or self.objective.schedule is not None):
             return
-        values = self.objective.schedule(self.params, epoch, self.cfg.epochs) if self.objective.schedule else {}
+        values = (
+            self.objective.schedule(self.params, epoch, self.cfg.epochs) if self.objective.schedule else {}
+        )
         self.view_kwargs = {**self.base_view_kwargs, **values}
         gen = torch.Generator(device=self.device)
         gen.manual_seed((self.cfg.seed * 1_000_003 + epoch * 7_919 + 104_729) % (2**63))

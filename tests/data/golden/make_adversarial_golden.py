@@ -1,4 +1,4 @@
-"""Regenerate adversarial_losses_b8.json: the ACL, DynACL and RoCL losses as their authors' code computes them.
+"""Regenerate adversarial_losses_b8.json: the ACL, DynACL, RoCL and DeACL losses as their authors' code has them.
 
 Transcriptions (float64, plain torch, nothing from robustbench_nacl) of:
 - ACL, https://github.com/VITA-Group/Adversarial-Contrastive-Learning: ``utils.py`` ``nt_xent`` and
