@@ -412,7 +412,7 @@ def test_adding_an_objective_is_one_registered_function(monkeypatch: pytest.Monk
 
 
 def test_losses_modules_import_one_way() -> None:
-    """params -> estimators -> terms -> objectives -> adversarial -> presets: each imports only earlier ones."""
+    """params -> estimators -> terms -> objectives -> adversarial -> presets (earlier ones only)."""
     import ast
 
     import robustbench_nacl.losses as pkg

@@ -753,7 +753,7 @@ def _simclr_maker(
 def _acl_maker(
     x: Tensor, n_views: int, gen: torch.Generator, /, aug_strength: float = 1.0, **_: Any
 ) -> list[Tensor]:
-    """ACL/DynACL views at strength s: crop scale (1 - 0.9s, 1), flip, jitter (0.4s, .., 0.1s) p=0.8s, gray p=0.2s."""
+    """ACL/DynACL views at strength s: crop (1 - 0.9s, 1), flip, jitter (0.4s..0.1s) p=0.8s, gray p=0.2s."""
     s = float(aug_strength)
     if not 0.0 <= s <= 1.0:
         raise UserError(f"aug_strength={s}; must lie in [0, 1]")

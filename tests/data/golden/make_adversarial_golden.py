@@ -1,4 +1,4 @@
-"""Regenerate adversarial_losses_b8.json: the ACL, DynACL, RoCL and DeACL losses as their authors' code has them.
+"""Regenerate adversarial_losses_b8.json: the ACL, DynACL, RoCL and DeACL losses as their authors wrote them.
 
 Transcriptions (float64, plain torch, nothing from robustbench_nacl) of:
 - ACL, https://github.com/VITA-Group/Adversarial-Contrastive-Learning: ``utils.py`` ``nt_xent`` and
