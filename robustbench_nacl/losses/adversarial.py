@@ -205,6 +205,8 @@ def check_attack(p: LossParams) -> None:
         raise _bad(f"rocl_lamda={e['rocl_lamda']}; must be > 0 (the regulariser's weight is 1 / lamda)")
     if "reload_frac" in e and not 0.0 < e["reload_frac"] <= 1.0:
         raise _bad(f"reload_frac={e['reload_frac']}; must lie in (0, 1]")
+    if "aux_bn_momentum" in e and not 0.0 < e["aux_bn_momentum"] <= 1.0:
+        raise _bad(f"aux_bn_momentum={e['aux_bn_momentum']}; must lie in (0, 1]")
     if "swap_param" in e and not 0.0 <= e["swap_param"] <= 1.5:
         raise _bad(f"swap_param={e['swap_param']}; must lie in [0, 1.5]")
     if e.get("teacher") and not Path(str(e["teacher"])).exists():
@@ -395,8 +397,9 @@ register_adversarial_objective(
     n_views=1,
 )
 
-#: ACL/DynACL's PGD: eps 8/255, step 2/255, 5 steps (``PGD_contrastive`` and ``--pgd_iter 5``)
-ACL_ATTACK = attack_defaults(8 / 255, 5, 2 / 255, eval_bn="adv")
+#: ACL/DynACL's PGD: eps 8/255, step 2/255, 5 steps (``PGD_contrastive`` and ``--pgd_iter 5``); their
+#: two BatchNorms are plain ``nn.BatchNorm2d`` (momentum 0.1, ``models/resnet_multi_bn.py``)
+ACL_ATTACK = {**attack_defaults(8 / 255, 5, 2 / 255, eval_bn="adv"), "aux_bn_momentum": 0.1}
 #: RoCL's ``rocl_train.py`` arguments: epsilon 0.0314, alpha 0.007, k = 7
 ROCL_ATTACK = attack_defaults(0.0314, 7, 0.007, eval_bn="clean")
 #: DeACL's ``mocov2_distillation_AT.py``: epsilon 8, step_size 2 (/255), num_steps 5

@@ -15,7 +15,7 @@ from ..data.datasets import normalization
 from ..errors import NonFiniteLoss
 from ..losses.adversarial import StepContext
 from ..losses.objectives import Objective
-from ..models.encoders import ContrastiveModel, create_encoder
+from ..models.encoders import ContrastiveModel, DualBatchNorm, create_encoder
 from .config import TrainConfig
 
 
@@ -41,6 +41,11 @@ def build_model(
     )
     # dual BN in the head exactly when the encoder has it (ContrastiveModel's default)
     model = ContrastiveModel(encoder, params.head, out_dim=num_classes if need.labels else None)
+    aux_momentum = params.extra_params().get("aux_bn_momentum")
+    if aux_momentum is not None:  # ACL's two BatchNorms are alike (momentum 0.1), CLAE's aux uses 0.01
+        for m in model.modules():
+            if isinstance(m, DualBatchNorm):
+                m.aux.momentum = float(aux_momentum)
     return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
