@@ -430,7 +430,7 @@ FMNIST_PRESETS = [
 
 
 def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
-    """Fashion-MNIST classes 0-4, convnet_small (width 16): the pinned presets, 3 seeds (the reference zoo)."""
+    """Fashion-MNIST classes 0-4, convnet_small (width 16): the pinned presets x 3 seeds (reference zoo)."""
     return _one_per_family(
         "fashion-mnist",
         "fashion-mnist:0-4",

@@ -32,7 +32,7 @@ def test_the_reference_zoo_is_every_preset_on_fashion_mnist_with_three_seeds() -
     assert [e.to_dict() for e in fm] == sorted(
         (e.to_dict() for e in zoo.fashion_mnist_zoo()), key=lambda d: d["id"]
     )
-    # the committed reference covers the presets pinned in zoo.FMNIST_PRESETS (the demo has the newer ones too)
+    # the committed reference covers the presets pinned in zoo.FMNIST_PRESETS (the demo has newer ones)
     demo_losses = {e.loss for e in zoo.load_zoo("demo")}
     assert set(zoo.FMNIST_PRESETS) <= demo_losses
     assert {(e.loss, e.seed) for e in fm} == {(loss, s) for loss in zoo.FMNIST_PRESETS for s in (0, 1, 2)}
