@@ -19,9 +19,11 @@ import torch
 from conftest import run_cli
 
 from robustbench_nacl import losses
-from robustbench_nacl.errors import NonFiniteLoss, UserError
+from robustbench_nacl.errors import CheckpointError, NonFiniteLoss, UserError
 from robustbench_nacl.io import canonical_json, sha256_bytes, sha256_file
 from robustbench_nacl.models.checkpoint import load_state
+from robustbench_nacl.models.encoders import DualBatchNorm
+from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.training import (
     TrainConfig,
     TrainStep,
@@ -80,6 +82,15 @@ def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_p
         # every parameter of the inner attack is recorded (losses/adversarial.py)
         assert manifest["loss_params"]["extra"] == params.extra_params()
         assert {"attack_eps", "attack_steps", "attack_step_size"} <= set(manifest["loss_params"]["extra"])
+    if manifest.get("eval_bn_route") == "adv":  # ACL/DynACL: evaluated through the adversarial branch
+        encoder, _ = load_encoder(out)
+        routes = {m.route for m in encoder.modules() if isinstance(m, DualBatchNorm)}
+        assert routes == {"adv"}
+        forged = json.loads((out / "manifest.json").read_text())
+        forged["eval_bn_route"] = "aux"
+        (out / "manifest.json").write_text(json.dumps(forged))
+        with pytest.raises(CheckpointError, match="eval_bn_route"):
+            load_encoder(out)
     if "teacher" in overrides:  # the teacher is recorded by content
         teacher_manifest = json.loads((Path(overrides["teacher"]) / "manifest.json").read_text())
         assert manifest["teacher"]["weights_sha256"] == teacher_manifest["weights_sha256"]
