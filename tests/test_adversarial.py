@@ -311,3 +311,20 @@ def test_acl_views_at_strength_zero_are_flips_only_and_strength_one_is_the_acl_p
     assert not all(torch.equal(w[i], x[i]) or torch.equal(w[i], x[i].flip(-1)) for i in range(8))
     with pytest.raises(UserError, match="aug_strength"):
         VIEW_MAKERS.get("acl")(x, 1, torch.Generator(), aug_strength=1.5)
+
+
+def test_the_trainer_hands_dynacl_its_epoch_strength_and_weight() -> None:
+    from robustbench_nacl.training import TrainConfig, TrainStep
+
+    cfg = TrainConfig(loss="dynacl", overrides={"reload_frac": 0.2}, epochs=10, batch_size=8)
+    p = resolve("dynacl", {"reload_frac": 0.2})
+    model = _model(True).float()
+    step = TrainStep(cfg, p, model, torch.optim.Adam(model.parameters()))
+    for epoch in (0, 4, 9):
+        step.set_epoch(epoch)
+        want = dynacl_schedule(p, epoch, 10)
+        assert step.view_kwargs["aug_strength"] == want["aug_strength"]
+        assert step.ctx is not None and step.ctx.values == want and step.ctx.epoch == epoch
+    a = step.ctx.gen.initial_seed()
+    step.set_epoch(9)
+    assert step.ctx.gen.initial_seed() == a  # the attack's stream depends on (seed, epoch) only
