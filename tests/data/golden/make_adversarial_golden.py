@@ -67,12 +67,13 @@ def rocl_nt_xent(sim: torch.Tensor, rep: bool) -> torch.Tensor:
 
 
 def main() -> None:
-    cases = []
+    cases, inputs = [], []
     for seed in range(3):
         g = torch.Generator().manual_seed(1000 + seed)
         z1, z2, a1, a2 = (torch.randn(B, D, generator=g, dtype=torch.float64) for _ in range(4))
         clean, adv = acl_nt_xent(interleave(z1, z2)), acl_nt_xent(interleave(a1, a2))
-        arrays = {"z1": z1.tolist(), "z2": z2.tolist(), "z1_adv": a1.tolist(), "z2_adv": a2.tolist()}
+        inputs.append({"z1": z1.tolist(), "z2": z2.tolist(), "z1_adv": a1.tolist(), "z2_adv": a2.tolist()})
+        arrays = {"input": seed}
         cases.append({"loss": "acl", "acl_mode": "ds", "t": 0.5, **arrays, "value": float((clean + adv) / 2)})
         cases.append({"loss": "acl", "acl_mode": "a2a", "t": 0.5, **arrays, "value": float(adv)})
         a2s = acl_nt_xent(interleave(z1, a2))
@@ -89,7 +90,9 @@ def main() -> None:
         deacl = -cos(z1, z2).mean() + -2.0 * cos(a1, z1).mean()
         cases.append({"loss": "deacl", "trades_k": 2.0, **arrays, "value": float(deacl)})
     out = Path(__file__).with_name("adversarial_losses_b8.json")
-    out.write_text(json.dumps(cases, indent=1) + "\n")
+    lines = [json.dumps(x) for x in inputs], [json.dumps(c) for c in cases]
+    text = '{"inputs": [\n' + ",\n".join(lines[0]) + '\n],\n"cases": [\n' + ",\n".join(lines[1]) + "\n]}\n"
+    out.write_text(text)
 
 
 if __name__ == "__main__":
