@@ -28,6 +28,7 @@ FIGURES = {
     "peak_rss_mb": "peak_rss_mb",
     "channels_last": "channels_last",
     "gpu_epoch": "gpu_epoch",
+    "adv_step_cost": "adv_step_cost",
 }
 
 

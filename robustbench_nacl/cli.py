@@ -220,6 +220,12 @@ _LOSS_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
 ]
 
 
+_NACL_LEGEND = (
+    "L = L_NaCl(G1, M, lambda) + alpha * L_Robust(G2, w)   (NaCl Table 1, generated from the presets;\n"
+    "views: how the positives are made; positives: how they are aggregated)\n"
+)
+
+
 def run_losses(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -227,6 +233,8 @@ def run_losses(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entries, indent=2))
         return 0
+    adversarial = [e for e in entries if "attack_eps" in e["params"].get("extra", {})]
+    entries = [e for e in entries if e not in adversarial]
     rows = [
         [
             e["name"],
@@ -237,12 +245,46 @@ def run_losses(args: argparse.Namespace) -> int:
         for e in entries
     ]
     headers = ["preset", "L_NaCl", *(h for h, _ in _LOSS_COLUMNS), "source"]
+    if entries:
+        print(_NACL_LEGEND)
+        print(tabulate(rows, headers=headers, tablefmt="github"))
+    if adversarial:
+        _print_adversarial(adversarial, tabulate, blank=bool(entries))
+    return 0
+
+
+#: the inner attack's parameters and each method's own, as the adversarial table shows them
+_ATTACK_SHORT = {"attack_eps": "eps", "attack_steps": "steps", "attack_step_size": "step"}
+
+
+def _print_adversarial(entries: list[dict[str, Any]], tabulate: Callable[..., str], blank: bool) -> None:
+    """The adversarial-pretraining presets (losses/adversarial.py): inner PGD and method parameters."""
+    rows = []
+    for e in entries:
+        extra = e["params"]["extra"]
+        own = {
+            k: v
+            for k, v in extra.items()
+            if k not in (*_ATTACK_SHORT, "attack_random_start", "attack_bn_eval")
+        }
+        rows.append(
+            [
+                e["name"],
+                *(f"{extra[k]:.4g}" if isinstance(extra[k], float) else extra[k] for k in _ATTACK_SHORT),
+                "dual" if e["needs"]["adversarial"] and e["params"]["dual_bn"] else "single",
+                e["params"]["views"],
+                " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in own.items()),
+                e["description"],
+                _loss_source(e),
+            ]
+        )
+    headers = ["preset", "eps", "steps", "step", "BN", "views", "parameters", "loss", "source"]
     print(
-        "L = L_NaCl(G1, M, lambda) + alpha * L_Robust(G2, w)   (NaCl Table 1, generated from the presets;\n"
-        "views: how the positives are made; positives: how they are aggregated)\n"
+        ("\n" if blank else "")
+        + "Adversarial contrastive pretraining: inner PGD (Linf, [0,1] pixel units, random start) on the\n"
+        "method's loss, then its training loss (change any parameter with --set, e.g. --set attack_steps=3)\n"
     )
     print(tabulate(rows, headers=headers, tablefmt="github"))
-    return 0
 
 
 @command("losses", "list the loss presets (the paper's Table 1) or show one with overrides")

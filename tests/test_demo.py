@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from robustbench_nacl.losses import list_presets
+from robustbench_nacl.zoo import zoo_presets
 
 
 @pytest.mark.slow
@@ -30,7 +30,7 @@ def test_quick_demo_end_to_end(tmp_path: Path, cli_env: dict[str, str]) -> None:
         table = list(csv.DictReader(f))
     for setting in ("in-domain", "transfer"):
         families = {r["loss"] for r in table if r["setting"] == setting}
-        assert set(list_presets()) | {"random-init"} <= families, setting
+        assert set(zoo_presets()) | {"random-init"} <= families, setting
     md = (board / "LEADERBOARD.md").read_text()
     assert "FGSM@0.002" in md and "PGD@0.002" in md and "random-init (control)" in md
     rows = [json.loads(p.read_text()) for p in (tmp_path / "quick" / "rows").glob("*.json")]

@@ -412,12 +412,12 @@ def test_adding_an_objective_is_one_registered_function(monkeypatch: pytest.Monk
 
 
 def test_losses_modules_import_one_way() -> None:
-    """params -> estimators -> terms -> objectives -> presets: a module imports only earlier ones."""
+    """params -> estimators -> terms -> objectives -> adversarial -> presets (earlier ones only)."""
     import ast
 
     import robustbench_nacl.losses as pkg
 
-    order = ["params", "estimators", "terms", "objectives", "presets"]
+    order = ["params", "estimators", "terms", "objectives", "adversarial", "presets"]
     root = Path(pkg.__file__).parent
     assert sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__") == sorted(order)
     for rank, name in enumerate(order):

@@ -215,7 +215,9 @@ def test_a_mistyped_train_name_gets_a_suggestion(
 
 
 def _table(text: str) -> list[dict[str, str]]:
-    lines = [ln for ln in text.splitlines() if ln.startswith("|") and not ln.startswith("|--")]
+    """The first markdown table of ``text`` (``losses`` prints the adversarial presets in a second one)."""
+    block = text[text.index("\n|") + 1 :].split("\n\n")[0]
+    lines = [ln for ln in block.splitlines() if ln.startswith("|") and not ln.startswith("|--")]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
     return [dict(zip(cells[0], row, strict=True)) for row in cells[1:]]
 

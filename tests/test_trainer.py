@@ -19,9 +19,11 @@ import torch
 from conftest import run_cli
 
 from robustbench_nacl import losses
-from robustbench_nacl.errors import NonFiniteLoss, UserError
+from robustbench_nacl.errors import CheckpointError, NonFiniteLoss, UserError
 from robustbench_nacl.io import canonical_json, sha256_bytes, sha256_file
 from robustbench_nacl.models.checkpoint import load_state
+from robustbench_nacl.models.encoders import DualBatchNorm
+from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.training import (
     TrainConfig,
     TrainStep,
@@ -46,7 +48,10 @@ TINY = {
 
 @pytest.mark.parametrize("preset", losses.list_presets())
 def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_path: Path) -> None:
-    overrides = {"M": 3} if losses.PRESETS.get(preset).params.M > 3 else {}
+    overrides: dict[str, Any] = {"M": 3} if losses.PRESETS.get(preset).params.M > 3 else {}
+    if "teacher" in losses.PRESETS.get(preset).params.extra_params():  # DeACL: a stage-1 checkpoint first
+        teacher = train(TrainConfig(loss="simclr", epochs=1, **TINY), tmp_path / "teacher", progress=False)
+        overrides["teacher"] = str(teacher)
     cfg = TrainConfig(loss=preset, overrides=overrides, epochs=1, **TINY)
     out = train(cfg, tmp_path / "run", progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -71,7 +76,24 @@ def test_every_preset_trains_and_writes_a_complete_checkpoint(preset: str, tmp_p
     assert 0.0 <= manifest["knn_acc"] <= 1.0
     state = load_state(out / "weights.safetensors", manifest["weights_sha256"])
     assert any(k.startswith("encoder.") for k in state)
-    assert manifest["dual_bn"] == (manifest["loss_params"]["alpha"] > 0)
+    params = losses.resolve(preset, overrides)
+    assert manifest["dual_bn"] == (losses.needs(params).adversarial and params.dual_bn)
+    if losses.needs(params).adversarial and "attack_eps" in params.extra_params():
+        # every parameter of the inner attack is recorded (losses/adversarial.py)
+        assert manifest["loss_params"]["extra"] == params.extra_params()
+        assert {"attack_eps", "attack_steps", "attack_step_size"} <= set(manifest["loss_params"]["extra"])
+    if manifest.get("eval_bn_route") == "adv":  # ACL/DynACL: evaluated through the adversarial branch
+        encoder, _ = load_encoder(out)
+        routes = {m.route for m in encoder.modules() if isinstance(m, DualBatchNorm)}
+        assert routes == {"adv"}
+        forged = json.loads((out / "manifest.json").read_text())
+        forged["eval_bn_route"] = "aux"
+        (out / "manifest.json").write_text(json.dumps(forged))
+        with pytest.raises(CheckpointError, match="eval_bn_route"):
+            load_encoder(out)
+    if "teacher" in overrides:  # the teacher is recorded by content
+        teacher_manifest = json.loads((Path(overrides["teacher"]) / "manifest.json").read_text())
+        assert manifest["teacher"]["weights_sha256"] == teacher_manifest["weights_sha256"]
     assert not (out / "train_state.pt").exists()  # the resume state is removed once the run is final
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [0, 1] and "test_knn_acc" in log[0] and "test_knn_acc" in log[1]
@@ -286,13 +308,16 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path: Path, monkeypatch: p
     assert not (tmp_path / "nan" / "weights.safetensors").exists()
 
 
-def _train_args(out: Path, epochs: int) -> list[str]:
+def _train_args(out: Path, epochs: int, loss: str = "simclr", dataset: str = "digits") -> list[str]:
+    # the adversarial run is kept short: 2 PGD steps on two classes exercise the same resume path
+    fast = ["--set", "attack_steps=2"] if loss != "simclr" else []
     return [
         "train",
+        *fast,
         "--loss",
-        "simclr",
+        loss,
         "--dataset",
-        "digits",
+        dataset,
         "--encoder",
         "convnet_small",
         "--encoder-arg",
@@ -317,15 +342,19 @@ def _first_epoch_s(out: Path) -> float | None:
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_is_bit_identical(tmp_path: Path, cli_env: dict[str, str]) -> None:
+# dynacl: the adversarial engine (the attack's own generator) and a per-epoch schedule resume too
+@pytest.mark.parametrize(("loss", "dataset"), [("simclr", "digits"), ("dynacl", "digits:0-1")])
+def test_sigkill_then_resume_is_bit_identical(
+    tmp_path: Path, cli_env: dict[str, str], loss: str, dataset: str
+) -> None:
     epochs = 3
-    ref = run_cli(_train_args(tmp_path / "ref", epochs), cli_env)
+    ref = run_cli(_train_args(tmp_path / "ref", epochs, loss, dataset), cli_env)
     assert ref.returncode == 0, ref.stderr
     ref_sha = json.loads((tmp_path / "ref" / "manifest.json").read_text())["weights_sha256"]
 
     out = tmp_path / "killed"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "robustbench_nacl", *_train_args(out, epochs)],
+        [sys.executable, "-m", "robustbench_nacl", *_train_args(out, epochs, loss, dataset)],
         env=cli_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -344,7 +373,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path: Path, cli_env: dict[str,
     assert 1 <= saved < epochs
     assert not list(out.glob(".*.tmp"))  # no half-written temporary files survive the kill
 
-    res = run_cli([*_train_args(out, epochs), "--resume"], cli_env)
+    res = run_cli([*_train_args(out, epochs, loss, dataset), "--resume"], cli_env)
     assert res.returncode == 0, res.stderr
     assert json.loads((out / "manifest.json").read_text())["weights_sha256"] == ref_sha
 

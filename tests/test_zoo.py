@@ -32,7 +32,10 @@ def test_the_reference_zoo_is_every_preset_on_fashion_mnist_with_three_seeds() -
     assert [e.to_dict() for e in fm] == sorted(
         (e.to_dict() for e in zoo.fashion_mnist_zoo()), key=lambda d: d["id"]
     )
-    assert {(e.loss, e.seed) for e in fm} == {(e.loss, s) for e in zoo.load_zoo("demo") for s in (0, 1, 2)}
+    # the committed reference covers the presets pinned in zoo.FMNIST_PRESETS (the demo has newer ones)
+    demo_losses = {e.loss for e in zoo.load_zoo("demo")}
+    assert set(zoo.FMNIST_PRESETS) <= demo_losses
+    assert {(e.loss, e.seed) for e in fm} == {(loss, s) for loss in zoo.FMNIST_PRESETS for s in (0, 1, 2)}
     assert {e.dataset for e in fm} == {"fashion-mnist:0-4"}
     assert all(e.eval["transfer"] == "fashion-mnist:5-9" and e.eval["n_examples"] >= 1000 for e in fm)
     # on one channel grayscale is the identity and grayscale+jitter is jitter: the others are run

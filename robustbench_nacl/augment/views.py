@@ -755,6 +755,19 @@ def _simclr_maker(
     return simclr_views(x, n_views, gen, cfg)
 
 
+@VIEW_MAKERS.register("acl", params=("aug_strength",), bounded=True)
+def _acl_maker(
+    x: Tensor, n_views: int, gen: torch.Generator, /, aug_strength: float = 1.0, **_: Any
+) -> list[Tensor]:
+    """ACL/DynACL views at strength s: crop (1 - 0.9s, 1), flip, jitter (0.4s..0.1s) p=0.8s, gray p=0.2s."""
+    s = float(aug_strength)
+    if not 0.0 <= s <= 1.0:
+        raise UserError(f"aug_strength={s}; must lie in [0, 1]")
+    # ACL train_simCLR.py (strength 1.0) and DynACL train_DynACL.py reload(strength): one policy
+    cfg = SimCLRAug(strength=0.5 * s, scale=(1.0 - 0.9 * s, 1.0), p_jitter=0.8 * s, p_gray=0.2 * s)
+    return simclr_views(x, n_views, gen, cfg)
+
+
 @VIEW_MAKERS.register("crop_flip", params=("scale_min",), bounded=True)
 def _crop_flip_maker(
     x: Tensor, n_views: int, gen: torch.Generator, /, scale_min: float = 0.08, **_: Any
@@ -762,6 +775,35 @@ def _crop_flip_maker(
     """RandomResizedCrop + horizontal flip only (the supervised baseline's augmentation)."""
     cfg = SimCLRAug(scale=(float(scale_min), 1.0), strength=0.0, p_jitter=0.0, p_gray=0.0)
     return simclr_views(x, n_views, gen, cfg)
+
+
+def pad_crop(x: Tensor, gen: torch.Generator, padding: int) -> Tensor:
+    """``RandomCrop(size, padding)`` per sample: zero-pad by ``padding``, crop the input's size back
+    at a uniform offset (torchvision's zero fill), batched with one gather."""
+    b, _, h, w = x.shape
+    xp = F.pad(x, (padding, padding, padding, padding))
+    dev = x.device
+    top = torch.randint(0, 2 * padding + 1, (b,), generator=gen, device=gen.device).to(dev)
+    left = torch.randint(0, 2 * padding + 1, (b,), generator=gen, device=gen.device).to(dev)
+    rows = (top[:, None] + torch.arange(h, device=dev))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (left[:, None] + torch.arange(w, device=dev))[:, None, None, :]  # (B, 1, 1, W)
+    bi = torch.arange(b, device=dev)[:, None, None, None]
+    ci = torch.arange(x.shape[1], device=dev)[None, :, None, None]
+    return xp[bi, ci, rows, cols]
+
+
+@VIEW_MAKERS.register("pad_crop_flip", params=(), bounded=True)
+def _pad_crop_flip_maker(x: Tensor, n_views: int, gen: torch.Generator, /, **_: Any) -> list[Tensor]:
+    """DeACL's weak view: RandomCrop(size, padding=size/8) (4 px at 32 px) + horizontal flip p=0.5."""
+    _check_n_views(n_views)
+    xf = to_float(x)
+    _check_images(xf)
+    pad = max(1, round(xf.shape[-1] / 8))
+    out = []
+    for _ in range(n_views):
+        v = pad_crop(xf, gen, pad)
+        out.append(hflip(v, _rand(gen, v.shape[0]) < 0.5))
+    return out
 
 
 def _float_views(x: Tensor, n_views: int) -> Tensor:

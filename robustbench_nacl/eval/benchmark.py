@@ -203,6 +203,7 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
     gens = [_generator(run.device, derive_seed(run.seed, spec.name, spec.norm, params, e)) for e in eps]
     todo = run.clean.nonzero().squeeze(1)
     run.progress.set_postfix_str(f"{spec.name} {spec.norm}")
+
     def attempt(bs: int) -> tuple[tuple[Tensor, list[float]], dict]:
         # a fresh AutoAttack record per try: a try that ran out of memory leaves none behind
         with aa_trace.recording() as comps:  # AutoAttack: which component decided each example

@@ -1,7 +1,7 @@
 """The contrastive-loss family: estimators, pure loss terms, objectives, named presets, plugin losses.
 
-Modules import one way only: params -> estimators -> terms -> objectives -> presets (each may
-import the ones before it, never the ones after).
+Modules import one way only: params -> estimators -> terms -> objectives -> adversarial -> presets
+(each may import the ones before it, never the ones after).
 """
 
 from .estimators import log_neg_mass, normalize, pair_loss, pair_loss_rows

@@ -186,6 +186,13 @@ class Objective:
 
     needs: Callable[[LossParams], Needs]
     loss: LossFn
+    # True: ``loss`` also takes ``ctx=`` (the epoch and the attack's own generator, losses/adversarial.py)
+    contextual: bool = False
+    # per-epoch values ``schedule(p, epoch, epochs) -> {name: value}`` handed to the view maker and in ``ctx``
+    schedule: Callable[[LossParams, int, int], dict[str, Any]] | None = None
+    # what the objective needs once per run, ``setup(p, device) -> {name: object}``, in ``ctx.resources``
+    # (DeACL's frozen teacher)
+    setup: Callable[[LossParams, torch.device], dict[str, Any]] | None = None
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")

@@ -26,6 +26,7 @@ from ..augment import views as augment
 from ..errors import UserError
 from ..models.encoders import HEADS, create_head
 from ..registry import Registry, did_you_mean
+from .adversarial import ACL_ATTACK, DEACL_ATTACK, ROCL_ATTACK
 from .estimators import autocast_off
 from .objectives import AGGREGATORS, OBJECTIVES, Objective, needs, project
 from .params import (
@@ -192,6 +193,54 @@ _preset(
     objective="supervised",
     views="crop_flip",
     head="linear",
+)
+
+# ============ adversarial contrastive pretraining (losses/adversarial.py) ============
+# Their own parameters live in ``extra`` (the other presets' recorded identities stay unchanged);
+# defaults and sources: docs/decisions.md, 'Adversarial contrastive pretraining'.
+
+
+def _adv_preset(name: str, paper: str, description: str, extra: dict[str, Any], **kw: Any) -> None:
+    PRESETS.add(name, Preset(name, LossParams(extra=extra, **kw), paper, description))
+
+
+_adv_preset(
+    "acl",
+    "Jiang et al. 2020, ACL (NeurIPS)",
+    "ACL(DS): (NT-Xent(clean) + NT-Xent(PGD-5 8/255 views))/2, dual BN; acl_mode ds, a2a or a2s",
+    {**ACL_ATTACK, "acl_mode": "ds", "aug_strength": 1.0},
+    objective="acl",
+    views="acl",
+    t=0.5,
+)
+_adv_preset(
+    "rocl",
+    "Kim et al. 2020, RoCL (NeurIPS)",
+    "RoCL: PGD-7 0.0314 on view 1 vs view 2; adv view an extra positive + NT-Xent(adv, v2)/256",
+    {**ROCL_ATTACK, "rocl_lamda": 256.0},
+    objective="rocl",
+    views="simclr",
+    t=0.5,
+    dual_bn=False,
+)
+_adv_preset(
+    "dynacl",
+    "Luo et al. 2023, DynACL (ICLR)",
+    "DynACL: ACL(DS) with strength 1 -> 0 and adv weight 1 -> 5/3 annealed (reload_frac, swap_param)",
+    {**ACL_ATTACK, "acl_mode": "ds", "reload_frac": 0.05, "swap_param": 2 / 3},
+    objective="dynacl",
+    views="acl",
+    t=0.5,
+)
+_adv_preset(
+    "deacl",
+    "Zhang et al. 2022, DeACL (ECCV)",
+    "DeACL: -cos(s(x), teacher(x)) - 2 cos(s(x_adv), s(x)), PGD-5 8/255; --set teacher=DIR",
+    {**DEACL_ATTACK, "teacher": "", "trades_k": 2.0},
+    objective="deacl",
+    views="pad_crop_flip",
+    head="none",
+    dual_bn=False,
 )
 
 

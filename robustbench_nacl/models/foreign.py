@@ -61,7 +61,7 @@ from .checkpoint import (
     read_manifest,
     resolve_manifest_path,
 )
-from .encoders import TIMM_PREFIX, TimmEncoder, create_encoder, strip_dual_bn
+from .encoders import TIMM_PREFIX, TimmEncoder, create_encoder, set_bn_route, strip_dual_bn
 
 __all__ = [
     "FORMATS",
@@ -832,7 +832,12 @@ def _load_ours(
     # the projection head is not evaluated; the encoder (buffers included) must match exactly
     enc_state = {k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")}
     load_strict(encoder, enc_state, weights_path)
-    # a dual-BN encoder stays dual: its default route, and hence evaluation, is the clean branch
+    # a dual-BN encoder stays dual: evaluation uses the clean branch unless the manifest names
+    # another (ACL/DynACL checkpoints: the adversarial branch, as their authors evaluate them)
+    route = manifest.get("eval_bn_route", "clean")
+    if route not in ("clean", "adv"):
+        raise CheckpointError(f"{manifest_path}: eval_bn_route {route!r} must be 'clean' or 'adv'")
+    set_bn_route(encoder, route)
     encoder.eval()
     info = {
         **manifest,

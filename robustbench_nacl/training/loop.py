@@ -241,6 +241,7 @@ def _train_epoch(run: _Run, step_fn: TrainStep, epoch: int, progress: bool) -> d
     gen = _epoch_generator(cfg.seed, epoch, run.dev)
     perm = torch.randperm(len(run.data.train), generator=gen, device=run.dev)
     step_fn.model.train()  # run.model itself, or the DDP wrapper around it
+    step_fn.set_epoch(epoch)  # an adversarial/scheduled objective's per-epoch state (else nothing)
     step_losses: list[torch.Tensor] = []
     step_stats: dict[str, list[torch.Tensor | float]] = {}
     for step in tqdm(range(steps), desc=f"epoch {epoch + 1}", leave=False, disable=not progress):

@@ -25,7 +25,7 @@ from typing import Any
 from .. import losses, plugins
 from ..data.datasets import canonical_spec, normalization
 from ..io import canonical_json, sha256_bytes
-from ..models.checkpoint import WEIGHTS
+from ..models.checkpoint import WEIGHTS, read_manifest, resolve_manifest_path
 from ..models.encoders import ENCODERS, TIMM_PREFIX
 from ..utils import versions
 from .config import TrainConfig
@@ -174,6 +174,18 @@ def build_manifest(
     }
     if distributed is not None:
         manifest["distributed"] = distributed
+    teacher = params.extra_params().get("teacher")
+    if teacher:  # DeACL: the stage-1 checkpoint the student was distilled from, by content
+        recorded = read_manifest(resolve_manifest_path(str(teacher)))
+        manifest["teacher"] = {
+            "checkpoint": str(teacher),
+            "id": recorded.get("id"),
+            "loss": recorded.get("loss"),
+            "weights_sha256": recorded.get("weights_sha256"),
+        }
+    eval_bn = params.extra_params().get("eval_bn", "clean")
+    if manifest["dual_bn"] and eval_bn != "clean":  # only then: every other manifest is unchanged
+        manifest["eval_bn_route"] = eval_bn  # the BatchNorm branch evaluations use (ACL: the adversarial one)
     return manifest
 
 

@@ -13,8 +13,9 @@ from .. import losses
 from ..augment import views as augment
 from ..data.datasets import normalization
 from ..errors import NonFiniteLoss
+from ..losses.adversarial import StepContext
 from ..losses.objectives import Objective
-from ..models.encoders import ContrastiveModel, create_encoder
+from ..models.encoders import ContrastiveModel, DualBatchNorm, create_encoder
 from .config import TrainConfig
 
 
@@ -40,6 +41,11 @@ def build_model(
     )
     # dual BN in the head exactly when the encoder has it (ContrastiveModel's default)
     model = ContrastiveModel(encoder, params.head, out_dim=num_classes if need.labels else None)
+    aux_momentum = params.extra_params().get("aux_bn_momentum")
+    if aux_momentum is not None:  # ACL's two BatchNorms are alike (momentum 0.1), CLAE's aux uses 0.01
+        for m in model.modules():
+            if isinstance(m, DualBatchNorm):
+                m.aux.momentum = float(aux_momentum)
     return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
@@ -70,10 +76,36 @@ class TrainStep:
         self.need = losses.needs(params)
         self.objective = objective or losses.OBJECTIVES.get(params.objective)
         self.view_maker = view_maker or augment.VIEW_MAKERS.get(params.views)
-        self.view_kwargs = params.to_dict()
+        # a method's own parameters (``extra``) reach the view maker too (e.g. ACL's aug_strength)
+        self.base_view_kwargs = {**params.to_dict(), **params.extra_params()}
+        self.view_kwargs = self.base_view_kwargs
         self.device = next(model.parameters()).device
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"
+        )
+        self.ctx: StepContext | None = None
+        setup = self.objective.setup
+        self.resources = setup(params, self.device) if setup is not None else {}
+        if self.objective.contextual or self.objective.schedule is not None:
+            self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Per-epoch state of an adversarial or scheduled objective (a no-op for the others).
+
+        The attack's generator is derived from (seed, epoch) alone, like the view generator of the
+        loop but a separate stream: resuming at an epoch boundary replays it bit for bit, and the
+        views are the ones every other preset draws.
+        """
+        if not (self.objective.contextual or self.objective.schedule is not None):
+            return
+        values = (
+            self.objective.schedule(self.params, epoch, self.cfg.epochs) if self.objective.schedule else {}
+        )
+        self.view_kwargs = {**self.base_view_kwargs, **values}
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed((self.cfg.seed * 1_000_003 + epoch * 7_919 + 104_729) % (2**63))
+        self.ctx = StepContext(
+            epoch=epoch, epochs=self.cfg.epochs, gen=gen, values=values, resources=self.resources
         )
 
     def views(self, x: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
@@ -88,7 +120,10 @@ class TrainStep:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         views = self.views(x, gen)
         with self.autocast:
-            loss, stats = self.objective.loss(self.model, views, y, self.params, gen, self.cfg.fuse_views)
+            extra = {"ctx": self.ctx} if self.objective.contextual else {}
+            loss, stats = self.objective.loss(
+                self.model, views, y, self.params, gen, self.cfg.fuse_views, **extra
+            )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
