@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
+import io
 import json
 import os
 import re
@@ -1057,6 +1059,19 @@ def _fail(command: str, message: str, code: int = 2) -> int:
     return code
 
 
+#: the exit code after the reader of stdout went away (`| head`): a shell's code for death by SIGPIPE
+CLOSED_PIPE = 128 + 13
+
+
+def _closed_pipe() -> int:
+    """Stop quietly, as Unix tools do when their reader closes the pipe: no message, and no second
+    error when Python flushes stdout at exit (it now points at /dev/null)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return CLOSED_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 user error, 3 non-finite loss, 130 interrupted).
 
@@ -1075,9 +1090,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # the parsed values again (a no-op for those loaded above): an abbreviated --plug also counts
         plugins.load_plugins([*args.plugin_top, *args.plugin], entry_points=False)
-        return runner(args)
+        code = runner(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is a closed pipe, not a traceback
+        return code
     except UserError as e:
         return _fail(args.command, str(e), e.exit_code)
+    except BrokenPipeError:
+        return _closed_pipe()
     except OSError as e:
         # the environment failed us (disk full, read-only or vanished directory): one line, not a traceback
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""

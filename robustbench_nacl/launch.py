@@ -267,6 +267,10 @@ class _Recorded:
         self.index, self.task = index, task
 
     def __call__(self) -> tuple[int, Any]:
+        record = read_record(self.task.ckpts, self.task.key)
+        if record is not None:  # a pool killed before this task began leaves it "not started"
+            with contextlib.suppress(UserError):
+                write_json_atomic(record_path(self.task.ckpts, self.task.key), {**record, "started": True})
         try:
             return self.index, self.task()
         except Exception as e:
@@ -515,6 +519,8 @@ def _state(
         return WorkState(task, "unknown", job, f"{where}: {probe.state} (delete {path} to resubmit)")
     if probe.error:
         return WorkState(task, "failed", job, probe.error)
+    if record.get("launcher") == "local" and not record.get("started") and not partial:
+        return WorkState(task, "not started", job, f"{where} ended before this task began")
     if partial:
         return WorkState(task, "interrupted", job, f"{where} ended ({probe.state}); resubmit to resume")
     tail = _job_error(record)[1] if record.get("folder") else ""

@@ -1,4 +1,4 @@
-"""Advisory locks: a second process waits for the first and reuses its rows; a killed holder's lock is taken over."""
+"""Advisory locks: the second waits, then reuses the rows; a dead holder's lock is taken over."""
 
 from __future__ import annotations
 
