@@ -106,3 +106,32 @@ def test_resume_on_another_world_size_is_allowed_when_sync_bn_makes_it_the_same_
     assert "was started with 2 processes, this run has one process (no process group)" in str(e.value)
     assert "each batch in 1 shard(s) instead of 2" in str(e.value)
     assert str(e.value).endswith("resume on 2 processes without --sync-bn")
+
+
+def test_empty_file_registries_say_where_they_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wheel installed without its data folders: one line naming the folders searched, exit 2."""
+    from robustbench_nacl import zoo
+    from robustbench_nacl.attack import suites
+
+    monkeypatch.setattr(suites, "REPO_SUITES_DIR", tmp_path / "site-packages" / "attacks")
+    monkeypatch.delenv(suites.ENV_DIR, raising=False)
+    monkeypatch.setattr(zoo, "REPO_ZOO", tmp_path / "site-packages" / "zoo")
+    monkeypatch.delenv(zoo.ZOO_ENV, raising=False)
+    assert cli.main(["zoo", "list"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'site-packages' / 'zoo'} (the zoo folder of this installation) does not exist" in err
+    assert err.count("\n") == 1
+    assert cli.main(["zoo", "list", "--zoo", "paper"]) == 2
+    assert "lacks them" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv(zoo.ZOO_ENV, str(tmp_path / "empty"))
+    assert cli.main(["zoo", "run"]) == 2
+    assert (
+        f"{tmp_path / 'empty'} ($ROBUSTBENCH_NACL_ZOO) holds no *.json manifests" in capsys.readouterr().err
+    )
+    with pytest.raises(UserError) as e:
+        suites.load_suite("paper")
+    assert f"looked in {tmp_path / 'site-packages' / 'attacks'} (missing)" in str(e.value)
+    assert "available: none" not in str(e.value)
