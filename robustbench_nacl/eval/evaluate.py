@@ -33,7 +33,7 @@ from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, p
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
 from ..locks import advisory_lock
-from ..models.encoders import create_encoder
+from ..models.encoders import create_encoder, materialize_lazy
 from ..models.foreign import NORMALIZATIONS, load_encoder
 from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
@@ -445,7 +445,8 @@ def in_memory_encoder(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """(encoder, info) for evaluating ``module`` (images in [0,1] -> features) as it is in memory.
 
-    The module is copied, so evaluation never moves, converts or re-modes the caller's. ``normalize``
+    The module is copied, so evaluation never moves, converts or re-modes the caller's (only its lazy
+    layers, if any, are materialised first, in place, as its own first forward would). ``normalize``
     (a name such as ``"cifar10"``, or ``(mean, std)``) puts that normalisation in front of it.
     Its rows name it ``name`` (default: the class name), as checkpoint id and loss family, and
     record its class and the sha256 of its state dict; their recipe is (class, state dict sha256).
@@ -456,6 +457,10 @@ def in_memory_encoder(
     label = str(name or cls.__name__).strip()
     if not label or any(c in label for c in "/\\:") or label.startswith("."):
         raise UserError(f"name {label!r}: give a short label without path separators or ':'")
+    ds = DATASETS.info(parse_spec(dataset).name)
+    # lazy layers get their shapes now, in the caller's module (as its own first forward would do):
+    # a module without weights has no state dict to hash, copy or probe
+    materialize_lazy(module, (int(ds["channels"]), int(ds["size"]), int(ds["size"])))
     module_sha = state_dict_sha256(module)
     encoder = copy.deepcopy(module)
     stats = _normalization(normalize, dataset)
