@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
+import io
 import json
 import os
 import re
@@ -444,7 +446,6 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (a folder of your own, e.g. runs/NAME)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
         "--nproc",
         type=int,
@@ -593,7 +594,6 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="recompute rows that already exist")
     p.add_argument("--data-root", default=None)
-    p.add_argument("--no-progress", action="store_true")
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
 
@@ -728,14 +728,14 @@ def _zoo_eval(args: argparse.Namespace) -> int:
     """Evaluate every trained entry asked for (and one random-init control per seed) into --leaderboard."""
     from . import zoo
     from .launch import make_tasks
-    from .pipeline import expected_rows, rows_done
+    from .pipeline import is_complete, rows_done
 
     refuse_reference_dir(args.leaderboard, "--leaderboard")
     options = _launch_options(args)
     entries = _zoo_entries(args)
     trained = [e for e in entries if zoo.is_trained(e, args.out)]
     complete = rows_done(args.leaderboard)  # rows committed without their checkpoints count as done
-    missing = [e for e in entries if e not in trained and complete.get(e.id, 0) < expected_rows(e)]
+    missing = [e for e in entries if e not in trained and not is_complete(e, complete)]
     if not trained and missing:
         raise UserError(
             f"none of the {len(entries)} entries is trained under {args.out}; run `zoo train` first"
@@ -854,6 +854,7 @@ def _zoo_run(args: argparse.Namespace) -> int:
         workers=args.workers,
         device=args.device,
         controls=not args.no_controls,
+        progress=not args.no_progress,
     )
     files = render_leaderboard(
         load_rows(args.leaderboard), args.leaderboard, command=_command_line(args), rank_by=args.rank_by
@@ -1080,6 +1081,12 @@ def _add_plugin_flag(p: argparse.ArgumentParser, dest: str = "plugin") -> None:
     p.add_argument("--plugin", action="append", default=[], dest=dest, metavar="MODULE", help=PLUGIN_HELP)
 
 
+def _add_common_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every command takes, whether or not it has anything to show or load for them."""
+    _add_plugin_flag(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def plugin_specs(argv: list[str]) -> list[str]:
     """The ``--plugin`` values of a command line, wherever they stand (read before the parsers are
     built, so that plugin losses and encoders are registered when their help and checks are made)."""
@@ -1101,7 +1108,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_args, _ = COMMANDS.get(name)
         p = sub.add_parser(name, help=COMMANDS.info(name)["help"], description=COMMANDS.info(name)["help"])
         add_args(p)
-        _add_plugin_flag(p)
+        _add_common_flags(p)
     return parser
 
 
@@ -1114,6 +1121,19 @@ def _fail(command: str, message: str, code: int = 2) -> int:
     where = f"robustbench-nacl {command}" if command else "robustbench-nacl"
     print(f"{where}: error: {' '.join(message.split())}", file=sys.stderr)
     return code
+
+
+#: the exit code after the reader of stdout went away (`| head`): a shell's code for death by SIGPIPE
+CLOSED_PIPE = 128 + 13
+
+
+def _closed_pipe() -> int:
+    """Stop quietly, as Unix tools do when their reader closes the pipe: no message, and no second
+    error when Python flushes stdout at exit (it now points at /dev/null)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return CLOSED_PIPE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1138,9 +1158,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # the parsed values again (a no-op for those loaded above): an abbreviated --plug also counts
         plugins.load_plugins([*args.plugin_top, *args.plugin], entry_points=False)
-        return runner(args)
+        code = runner(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is a closed pipe, not a traceback
+        return code
     except UserError as e:
         return _fail(args.command, str(e), e.exit_code)
+    except BrokenPipeError:
+        return _closed_pipe()
     except OSError as e:
         # the environment failed us (disk full, read-only or vanished directory): one line, not a traceback
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""

@@ -34,7 +34,7 @@ from typing import Any
 
 from .errors import UserError
 from .io import write_json_atomic
-from .pipeline import control_entries, control_id, eval_entry, expected_rows, rows_done, train_entry
+from .pipeline import control_entries, control_id, eval_entry, is_complete, rows_done, train_entry
 from .registry import Registry
 from .zoo import ZooEntry, checkpoint_dir, is_trained
 
@@ -58,8 +58,8 @@ class Action:
     """One kind of zoo work: how to run it on an entry and how to tell that it is done."""
 
     run: Callable[[Task], Any]
-    done: Callable[[ZooEntry, Path, Path, dict[str, int]], bool]  # (entry, ckpts, board, rows_done)
-    progress: Callable[[ZooEntry, Path, Path, dict[str, int]], bool]  # something partial is on disk
+    done: Callable[[ZooEntry, Path, Path, dict[str, set[str]]], bool]  # (entry, ckpts, board, rows_done)
+    progress: Callable[[ZooEntry, Path, Path, dict[str, set[str]]], bool]  # something partial is on disk
 
 
 ACTIONS: Registry[Action] = Registry("zoo action")
@@ -76,8 +76,8 @@ ACTIONS.add(
     "eval",
     Action(
         run=lambda t: eval_entry(t.entry, t.ckpts, t.board, device=t.device, progress=t.progress),
-        done=lambda e, ck, board, rows: rows.get(e.id, 0) >= expected_rows(e),
-        progress=lambda e, ck, board, rows: rows.get(e.id, 0) > 0,
+        done=lambda e, ck, board, rows: is_complete(e, rows),
+        progress=lambda e, ck, board, rows: bool(rows.get(e.id)),
     ),
     help="evaluate the trained entry into LEADERBOARD/rows",
 )
@@ -87,8 +87,8 @@ ACTIONS.add(
         run=lambda t: eval_entry(
             t.entry, t.ckpts, t.board, device=t.device, control=True, progress=t.progress
         ),
-        done=lambda e, ck, board, rows: rows.get(control_id(e), 0) >= expected_rows(e),
-        progress=lambda e, ck, board, rows: rows.get(control_id(e), 0) > 0,
+        done=lambda e, ck, board, rows: is_complete(e, rows, control=True),
+        progress=lambda e, ck, board, rows: bool(rows.get(control_id(e))),
     ),
     help="evaluate the random-init control of the entry's architecture and seed",
 )
@@ -269,6 +269,10 @@ class _Recorded:
         self.index, self.task = index, task
 
     def __call__(self) -> tuple[int, Any]:
+        record = read_record(self.task.ckpts, self.task.key)
+        if record is not None:  # a pool killed before this task began leaves it "not started"
+            with contextlib.suppress(UserError):
+                write_json_atomic(record_path(self.task.ckpts, self.task.key), {**record, "started": True})
         try:
             return self.index, self.task()
         except Exception as e:
@@ -476,7 +480,7 @@ class WorkState:
 
 def task_states(tasks: list[Task]) -> list[WorkState]:
     """The state of each task, from the files on disk and its recorded job (one scheduler query)."""
-    rows: dict[str, dict[str, int]] = {}
+    rows: dict[str, dict[str, set[str]]] = {}
     records = {t.key: read_record(t.ckpts, t.key) for t in tasks}
     probes: dict[str, Probe] = {}
     for name in LAUNCHERS.names():
@@ -493,7 +497,9 @@ def task_states(tasks: list[Task]) -> list[WorkState]:
     return out
 
 
-def _state(task: Task, rows: dict[str, int], record: dict[str, Any] | None, probe: Probe | None) -> WorkState:
+def _state(
+    task: Task, rows: dict[str, set[str]], record: dict[str, Any] | None, probe: Probe | None
+) -> WorkState:
     action, ck, board = ACTIONS.get(task.action), Path(task.ckpts), Path(task.board)
     job = record["job_id"] if record else None
     if action.done(task.entry, ck, board, rows):
@@ -516,6 +522,8 @@ def _state(task: Task, rows: dict[str, int], record: dict[str, Any] | None, prob
         return WorkState(task, "unknown", job, f"{where}: {probe.state} (delete {path} to resubmit)")
     if probe.error:
         return WorkState(task, "failed", job, probe.error)
+    if record.get("launcher") == "local" and not record.get("started") and not partial:
+        return WorkState(task, "not started", job, f"{where} ended before this task began")
     if partial:
         return WorkState(task, "interrupted", job, f"{where} ended ({probe.state}); resubmit to resume")
     tail = _job_error(record)[1] if record.get("folder") else ""

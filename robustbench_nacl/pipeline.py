@@ -9,7 +9,9 @@ on a fresh machine without its checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
@@ -19,10 +21,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from .locks import advisory_lock
 from .zoo import ZooEntry, checkpoint_dir, expected_id, is_trained
 
 #: The probe's epochs when a manifest does not say (the evaluation's own default).
 DEFAULT_PROBE_EPOCHS = 1000
+#: where ``zoo run`` moves rows that their entries' manifests no longer ask for
+SUPERSEDED_DIR = "rows.superseded"
 
 
 def _init_worker() -> None:
@@ -92,13 +97,49 @@ def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progres
     from .training import train
 
     d = checkpoint_dir(entry, ckpts)
-    if not is_trained(entry, ckpts):
+    if is_trained(entry, ckpts):
+        return entry.id
+    import torch.distributed as dist
+
+    # another process training this entry into the same folder: wait for it, then use its checkpoint
+    # (the ranks of one DDP job are one training: they share it, and must not wait for each other)
+    ddp = dist.is_available() and dist.is_initialized()
+    lock = contextlib.nullcontext() if ddp else advisory_lock(ckpts, entry.id, f"the training of {entry.id}")
+    with lock:
+        if is_trained(entry, ckpts):
+            return entry.id
         # the kNN monitor at initialisation and after the last epoch only: it does not change the weights
         cfg = entry.train_config(knn_every=max(int(entry.recipe["epochs"]), 1))
         # sync_bn: in a multi-process job (launch, several GPUs) BatchNorm still sees the whole batch,
         # so an entry's recipe does not depend on how many processes train it (one: a no-op)
         train(cfg, d, device=device, resume=(d / "train_state.pt").exists(), progress=progress, sync_bn=True)
     return entry.id
+
+
+def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
+    """The arguments :func:`eval_entry` gives ``evaluate`` for an entry (its manifest's ``eval``).
+
+    The evaluation seed (attack starts, probe initialisation, the control's weights) is the entry's
+    training seed, so the controls of a 3-seed zoo are three different random networks.
+    """
+    from .eval.probe import ProbeConfig
+
+    ev = entry.eval
+    return {
+        "transfer": ev.get("transfer"),
+        "shift": ev.get("shift"),
+        "corruptions": ev.get("corruptions"),
+        "severities": ev.get("severities"),
+        "suite": ev.get("suite", "paper"),
+        "n_examples": ev.get("n_examples"),
+        "seed": entry.seed,
+        "probe": ProbeConfig(
+            epochs=ev.get("probe_epochs") or DEFAULT_PROBE_EPOCHS,
+            seed=entry.seed,
+            max_train=ev.get("probe_max_train"),
+        ),
+        "control": control,
+    }
 
 
 def eval_entry(
@@ -109,34 +150,11 @@ def eval_entry(
     control: bool = False,
     progress: bool = False,
 ) -> int:
-    """Evaluate a trained entry (or its random-init control) as its manifest says; rows go to ``out/rows``.
-
-    The evaluation seed (attack starts, probe initialisation, the control's weights) is the entry's
-    training seed, so the controls of a 3-seed zoo are three different random networks.
-    """
+    """Evaluate a trained entry (or its random-init control) as its manifest says; rows go to ``out/rows``."""
     from .eval.evaluate import evaluate
-    from .eval.probe import ProbeConfig
 
-    ev = entry.eval
-    rows = evaluate(
-        checkpoint_dir(entry, ckpts),
-        transfer=ev.get("transfer"),
-        shift=ev.get("shift"),
-        corruptions=ev.get("corruptions"),
-        severities=ev.get("severities"),
-        suite=ev.get("suite", "paper"),
-        out=out,
-        n_examples=ev.get("n_examples"),
-        seed=entry.seed,
-        probe=ProbeConfig(
-            epochs=ev.get("probe_epochs") or DEFAULT_PROBE_EPOCHS,
-            seed=entry.seed,
-            max_train=ev.get("probe_max_train"),
-        ),
-        device=device,
-        control=control,
-        progress=progress,
-    )
+    args = eval_arguments(entry, control)
+    rows = evaluate(checkpoint_dir(entry, ckpts), out=out, device=device, progress=progress, **args)
     return len(rows)
 
 
@@ -154,32 +172,81 @@ def control_entries(entries: Iterable[ZooEntry]) -> list[ZooEntry]:
     return list(first.values())
 
 
+def row_key(identity: dict[str, Any]) -> str:
+    """A row's id with its checkpoint's sha256 left out: what a zoo knows before (or without) the weights."""
+    from .eval.rows import row_id
+
+    return row_id({**identity, "checkpoint_sha256": None})
+
+
+def row_keys(entry: ZooEntry) -> frozenset[str]:
+    """The keys (:func:`row_key`) of every row a complete evaluation of ``entry`` (or of its control,
+    which has the same protocol) writes, from the identity function ``evaluate`` itself uses."""
+    from .eval.evaluate import planned_identities
+
+    return frozenset(row_key(i) for i in planned_identities(entry.dataset, **eval_arguments(entry)))
+
+
 def expected_rows(entry: ZooEntry) -> int:
-    """The rows a complete evaluation of ``entry`` writes: settings x ((attack, eps) + worst cases)."""
-    from .attack.suites import load_suite
-    from .eval.evaluate import settings_for
-
-    ev = entry.eval
-    suite = load_suite(ev.get("suite", "paper"))
-    worst_cases = {(s.norm, e) for s in suite.attacks for e in s.eps}
-    per_setting = sum(len(s.eps) for s in suite.attacks) + len(worst_cases)
-    settings = settings_for(
-        entry.dataset, ev.get("transfer"), ev.get("shift"), ev.get("corruptions"), ev.get("severities")
-    )
-    return len(settings) * per_setting
+    """How many rows a complete evaluation of ``entry`` writes: settings x ((attack, eps) + worst cases)."""
+    return len(row_keys(entry))
 
 
-def rows_done(out: str | Path) -> dict[str, int]:
-    """Result rows under ``out/rows`` per checkpoint id (unreadable files are not counted)."""
-    counts: dict[str, int] = {}
+def rows_done(out: str | Path) -> dict[str, set[str]]:
+    """The keys (:func:`row_key`) of the valid result rows under ``out/rows``, per checkpoint id
+    (unreadable, edited or foreign files are not counted: they are recomputed)."""
+    from .eval.rows import read_valid_row
+
+    done: dict[str, set[str]] = {}
     for path in (Path(out) / "rows").glob("*.json"):
-        try:
-            cid = json.loads(path.read_text()).get("checkpoint_id")
-        except (OSError, ValueError):
-            continue
-        if isinstance(cid, str):
-            counts[cid] = counts.get(cid, 0) + 1
-    return counts
+        row = read_valid_row(path, path.stem)
+        if row is not None:
+            done.setdefault(row.checkpoint_id, set()).add(row_key(row.to_json()))
+    return done
+
+
+def is_complete(entry: ZooEntry, done: dict[str, set[str]], control: bool = False) -> bool:
+    """Whether every row the entry's manifest asks for (of the entry, or of its control) is in ``done``:
+    rows of another protocol (n_examples, suite, probe, ...) do not count."""
+    return row_keys(entry) <= done.get(control_id(entry) if control else entry.id, set())
+
+
+def superseded_rows(entries: Iterable[ZooEntry], out: str | Path, controls: bool = True) -> list[Path]:
+    """Rows under ``out/rows`` of the entries' (and controls') checkpoint ids that no manifest asks for
+    any more (the entry's evaluation changed): what ``zoo run`` moves aside before rendering."""
+    from .eval.rows import read_valid_row
+
+    wanted: dict[str, set[str]] = {}
+    for e in entries:
+        wanted.setdefault(e.id, set()).update(row_keys(e))
+        if controls:
+            wanted.setdefault(control_id(e), set()).update(row_keys(e))
+    stale = []
+    for path in sorted((Path(out) / "rows").glob("*.json")):
+        row = read_valid_row(path, path.stem)
+        if (
+            row is not None
+            and row.checkpoint_id in wanted
+            and row_key(row.to_json()) not in wanted[row.checkpoint_id]
+        ):
+            stale.append(path)
+    return stale
+
+
+def set_aside(paths: list[Path], out: str | Path) -> int:
+    """Move rows to ``out/SUPERSEDED_DIR`` (kept, not deleted, and out of the leaderboard); how many."""
+    if not paths:
+        return 0
+    dest = Path(out) / SUPERSEDED_DIR
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in paths:
+        p.replace(dest / p.name)
+    print(
+        f"{len(paths)} result rows of these entries were computed under another evaluation protocol than "
+        f"their manifests now say (n_examples, suite, probe, ...): moved to {dest}",
+        file=sys.stderr,
+    )
+    return len(paths)
 
 
 # ============ a whole zoo ============
@@ -194,6 +261,7 @@ class ZooRun:
     skipped: int
     train_s: float
     eval_s: float
+    superseded: int = 0  # rows no manifest asks for any more, moved to SUPERSEDED_DIR
 
 
 def run_entries(
@@ -210,9 +278,10 @@ def run_entries(
 
     An entry (or control) whose rows are already complete under ``out`` is skipped altogether.
     """
+    stale = set_aside(superseded_rows(entries, out, controls), out)
     done = rows_done(out)
-    todo = [e for e in entries if done.get(e.id, 0) < expected_rows(e)]
-    ctl = [e for e in control_entries(entries) if controls and done.get(control_id(e), 0) < expected_rows(e)]
+    todo = [e for e in entries if not is_complete(e, done)]
+    ctl = [e for e in control_entries(entries) if controls and not is_complete(e, done, control=True)]
     need = {e.id: e for e in [*todo, *ctl]}
     t0 = time.perf_counter()
     pool = make_pool(workers, device)
@@ -227,4 +296,4 @@ def run_entries(
         if pool is not None:
             pool.shutdown()
     skipped = len(entries) - len(todo)
-    return ZooRun(len(train_jobs), len(jobs), skipped, t_train, time.perf_counter() - t0 - t_train)
+    return ZooRun(len(train_jobs), len(jobs), skipped, t_train, time.perf_counter() - t0 - t_train, stale)

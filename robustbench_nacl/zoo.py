@@ -172,9 +172,14 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
     if name is not None:
         base = base / name
         if not base.is_dir():
+            if not zoo_names(root):
+                raise no_zoo_error(zoo_root(root))
             raise unknown_choice("zoo", name, zoo_names(root))
+    paths = sorted(base.rglob("*.json"))
+    if not paths:
+        raise no_zoo_error(base)
     entries: dict[str, ZooEntry] = {}
-    for path in sorted(base.rglob("*.json")):
+    for path in paths:
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
@@ -184,6 +189,16 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
             raise UserError(f"zoo manifest {path}: duplicate id {entry.id!r}")
         entries[entry.id] = entry
     return list(entries.values())
+
+
+def no_zoo_error(folder: Path) -> UserError:
+    """The one line for a zoo folder without manifests: where it looked, and why that is wrong."""
+    why = "holds no *.json manifests" if folder.is_dir() else "does not exist"
+    source = f"${ZOO_ENV}" if os.environ.get(ZOO_ENV) else "the zoo folder of this installation"
+    return UserError(
+        f"no zoo entries: {folder} ({source}) {why}; the zoos ship with robustbench-nacl, so this "
+        f"installation lacks them: reinstall it, or set ${ZOO_ENV} to a folder of zoo manifests"
+    )
 
 
 def zoo_names(root: str | Path | None = None) -> list[str]:

@@ -179,6 +179,36 @@ def test_gathered_loss_and_sync_bn_equal_the_single_process_ones(tmp_path: Path)
 def _check_all_collectives(torch_ref: dict[str, torch.Tensor]) -> None:
     _check_gathered_losses()
     _check_sync_bn(torch_ref)
+    _check_each_rank_forwards_its_shard()
+
+
+class _Seen(nn.Module):
+    """The identity, recording the rows it is given (each row's first value is its global index)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))  # DDP needs a parameter
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x[:, 0].detach().clone())
+        return x * self.w
+
+
+def _check_each_rank_forwards_its_shard() -> None:
+    """Rank r forwards rows [r*b, (r+1)*b) of every global-batch block, and only those: a rank that
+    forwarded the whole batch (or another rank's shard) gives the same loss under sync BN, so only
+    the rows themselves tell."""
+    world, batch = distributed.current_world(), 8
+    x = torch.arange(2 * batch, dtype=torch.float32).view(-1, 1).repeat(1, 3)  # two blocks (fused views)
+    seen = _Seen()
+    out = distributed.wrap(seen, batch, world, sync_bn=True)(x)
+    b = batch // world.size
+    mine = [k * batch + world.rank * b + i for k in range(2) for i in range(b)]
+    assert len(seen.seen) == 1 and seen.seen[0].tolist() == mine, (world.rank, seen.seen)
+    torch.testing.assert_close(out, x)  # and the gathered output is the global batch in order
+    everyone = distributed.all_gather(seen.seen[0])
+    assert sorted(torch.cat(everyone).tolist()) == list(range(2 * batch))  # no row twice, none missing
 
 
 def test_sync_bn_conversion_keeps_dual_bn_parameters_and_state_dict() -> None:

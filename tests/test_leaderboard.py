@@ -39,7 +39,17 @@ DATA = Path(__file__).parent / "data" / "leaderboard"
 ROWS = DATA / "rows"
 GOLDEN = DATA / "golden"
 COMMAND = "robustbench-nacl leaderboard --rows tests/data/leaderboard/rows --out leaderboard"
-UPDATE = os.environ.get("ROBUSTBENCH_NACL_UPDATE_GOLDEN") == "1"
+
+
+def update_golden(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether to rewrite the golden files: asked for, and never under CI (where a stray variable
+    would make the comparison pass by writing what it compares with). CI sets CI (GitHub, GitLab,
+    most others; .ci/run exports it too)."""
+    asked = environ.get("ROBUSTBENCH_NACL_UPDATE_GOLDEN") == "1"
+    return asked and environ.get("CI", "").strip().lower() in ("", "0", "false", "no")
+
+
+UPDATE = update_golden(os.environ)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # (width, height) in pixels (report.figures sizes x dpi): three tables (in-domain, transfer, shift) in
 # one row of panels, one in-domain table
@@ -93,6 +103,15 @@ def test_matches_golden(rendered: dict[str, Path], name: str) -> None:
         (GOLDEN / name).write_bytes(got)
     want = (GOLDEN / name).read_bytes()
     assert got == want, f"{name} differs from the golden file; see this module's docstring to regenerate"
+
+
+def test_the_golden_update_is_not_honoured_under_ci() -> None:
+    ask = {"ROBUSTBENCH_NACL_UPDATE_GOLDEN": "1"}
+    assert update_golden(ask) and update_golden({**ask, "CI": "false"})
+    assert not update_golden({**ask, "CI": "true"}) and not update_golden({**ask, "CI": "1"})
+    assert not update_golden({})
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        assert not UPDATE  # this run's own setting
 
 
 def test_output_does_not_depend_on_row_order(rendered: dict[str, Path], tmp_path: Path) -> None:

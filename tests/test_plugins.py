@@ -611,3 +611,60 @@ def test_an_attack_from_a_plugin_is_part_of_the_protocol(tmp_path: Path) -> None
     suite = load_suite({"name": "corner", "attack": [corner]})
     assert attack_versions(suite)[plugin.module] == f"file sha256:{plugin.sha256}"
     assert list(attack_versions(load_suite("quick"))) == ["robustbench_nacl"]  # built-in attacks only
+
+
+# ============ a lazy plugin encoder (nn.LazyLinear: it does not know its input size) ============
+
+LAZY_PLUGIN = """
+from torch import nn
+from robustbench_nacl import register_encoder
+
+
+@register_encoder("lazy_mlp")
+def lazy_mlp(in_channels, width=8):
+    \"\"\"Flatten, then lazy linear layers: the input size is learnt at the first forward.\"\"\"
+    net = nn.Sequential(nn.Flatten(), nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(width))
+    net.out_dim = width
+    return net
+"""
+
+
+class LazyModule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_lazy_plugin_encoder_trains_evaluates_and_evaluates_in_memory(tmp_path: Path) -> None:
+    plugins.load_plugin(str(write(tmp_path / "lazy_plugin.py", LAZY_PLUGIN)))
+    cfg = TrainConfig(
+        loss="simclr",
+        encoder="lazy_mlp",
+        dataset="digits:0-4",
+        epochs=1,
+        batch_size=64,
+        max_train=128,
+        knn_every=0,
+    )
+    first = train(cfg, tmp_path / "run", progress=False)  # was: "Attempted to use an uninitialized parameter"
+    again = train(cfg, tmp_path / "again", progress=False)
+    sha = [json.loads((d / "manifest.json").read_text())["weights_sha256"] for d in (first, again)]
+    assert sha[0] == sha[1]  # the dry forward draws the same weights from the seed every time
+    kw = {
+        "suite": "quick",
+        "n_examples": 10,
+        "progress": False,
+        "probe": robustbench_nacl.ProbeConfig(epochs=2, max_train=100),
+    }
+    rows = robustbench_nacl.evaluate(first, out=tmp_path / "board", **kw)
+    control = robustbench_nacl.evaluate(first, out=tmp_path / "board", control=True, **kw)
+    module = LazyModule()
+    in_memory = robustbench_nacl.evaluate(module, dataset="digits:0-4", out=tmp_path / "board", **kw)
+    assert len(rows) == len(control) == len(in_memory) > 0
+    assert module.net[1].weight.shape == (
+        6,
+        64,
+    )  # materialised in place: the rows' sha256 is of these weights

@@ -89,6 +89,17 @@ def suite_names() -> list[str]:
     return sorted({p.stem for d in suite_dirs() if d.is_dir() for p in d.glob("*.toml")})
 
 
+def no_suites_error(suite: str | Path) -> UserError:
+    """The one line for a suite name when no folder holds a suite file: where it looked, and why that
+    is wrong (the named suites ship with robustbench-nacl: an installation without them is broken)."""
+    looked = "; ".join(f"{d} ({'no *.toml files' if d.is_dir() else 'missing'})" for d in suite_dirs())
+    return UserError(
+        f"attack suite {str(suite)!r}: no suite files found, looked in {looked}; the named suites ship "
+        f"with robustbench-nacl, so this installation lacks its suite folder: reinstall it, set ${ENV_DIR} "
+        "to a folder of suite .toml files, or pass the path of one"
+    )
+
+
 def load_suite(suite: str | Path | Mapping[str, Any] | Suite) -> Suite:
     """A ``Suite`` from a suite name, a path to a ``.toml`` file, or the parsed structure as a dict."""
     if isinstance(suite, Suite):
@@ -105,9 +116,10 @@ def load_suite(suite: str | Path | Mapping[str, Any] | Suite) -> Suite:
                 path = d / f"{suite}.toml"
                 break
         else:
-            raise UserError(
-                f"unknown attack suite {str(suite)!r}; available: {', '.join(suite_names()) or 'none'}"
-            )
+            names = suite_names()
+            if not names:
+                raise no_suites_error(suite)
+            raise UserError(f"unknown attack suite {str(suite)!r}; available: {', '.join(names)}")
     try:
         data = path.read_bytes()
     except OSError as e:

@@ -33,7 +33,8 @@ from ..data.corruptions import corrupt, parse_corruptions, parse_severities
 from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, parse_spec
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
-from ..models.encoders import create_encoder
+from ..locks import advisory_lock
+from ..models.encoders import create_encoder, materialize_lazy
 from ..models.foreign import NORMALIZATIONS, load_encoder
 from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
@@ -260,6 +261,41 @@ def expected_identities(setting: Setting, suite: Suite, **kw: Any) -> list[dict[
     return ids
 
 
+def identity_fields(
+    suite: Suite, *, sha: str | None, seed: int, n_examples: int | None, probe: ProbeConfig | None
+) -> dict[str, Any]:
+    """The identity fields every row of one evaluation shares (the ``kw`` of expected_identities)."""
+    probe = probe or ProbeConfig()
+    probe = dataclasses.replace(probe, seed=seed if probe.seed is None else probe.seed)
+    kw = {"sha": sha, "seed": seed, "n_examples": n_examples, "probe": probe}
+    return kw | {"attack_versions": attack_versions(suite)}
+
+
+def planned_identities(
+    dataset: str,
+    *,
+    transfer: str | Iterable[str] | None = None,
+    shift: str | Iterable[str] | None = None,
+    corruptions: str | Iterable[str] | None = None,
+    severities: str | Iterable[int] | None = None,
+    suite: str | Path | dict[str, Any] | Suite = "paper",
+    n_examples: int | None = None,
+    seed: int = 0,
+    probe: ProbeConfig | None = None,
+    **_: Any,
+) -> list[dict[str, Any]]:
+    """Identities of every row ``evaluate(checkpoint, dataset=dataset, **kwargs)`` writes, computed
+    without the checkpoint: ``checkpoint_sha256`` is None (the caller knows the checkpoint by id).
+
+    Takes evaluate's own keyword arguments (those that do not enter a row's identity are ignored), so a
+    caller that evaluates with a dict of arguments checks completeness with the very same dict.
+    """
+    loaded = load_suite(suite)
+    kw = identity_fields(loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe)
+    settings = settings_for(dataset, transfer, shift, corruptions, severities)
+    return [i for s in settings for i in expected_identities(s, loaded, **kw)]
+
+
 def random_init_like(encoder: nn.Module, info: dict[str, Any], seed: int) -> nn.Module:
     """An untrained encoder of the same architecture and normalisation (the random-init control).
 
@@ -341,13 +377,12 @@ def evaluate(
     dataset = dataset or info.get("dataset")
     if not dataset:
         raise UserError("pass --dataset: a foreign checkpoint does not say what it was trained on")
-    probe = probe or ProbeConfig()
-    probe = dataclasses.replace(probe, seed=seed if probe.seed is None else probe.seed)
     encoder, base = _checkpoint_fields(
         info["source"], encoder.to(dev).eval(), info, control=control, seed=seed, dataset=dataset
     )
-    kw = {"sha": base["checkpoint_sha256"], "seed": seed, "n_examples": n_examples, "probe": probe}
-    kw["attack_versions"] = attack_versions(loaded_suite)
+    kw = identity_fields(
+        loaded_suite, sha=base["checkpoint_sha256"], seed=seed, n_examples=n_examples, probe=probe
+    )
     job = _Job(encoder, loaded_suite, base, kw, Path(out), batch_size, dev, progress, {})
     settings = settings_for(dataset, transfer, shift, corruptions, severities)
     plan = [(s, *_existing(job, s, force)) for s in settings]
@@ -362,8 +397,9 @@ def evaluate(
         if len(done) == len(ids):
             all_rows += [done[r] for r in ids]  # already computed: nothing to do
             continue
-        all_rows += _run_setting(job, setting, data[setting], ids, keep=done)
-        computed += len(ids) - len(done)
+        rows, n = _compute_locked(job, setting, data[setting], force)
+        all_rows += rows
+        computed += n
     _rewrite_vanished(job.out, all_rows)
     summary = _summary(job, info, control, computed=computed, reused=len(all_rows) - computed)
     return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
@@ -449,7 +485,8 @@ def in_memory_encoder(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """(encoder, info) for evaluating ``module`` (images in [0,1] -> features) as it is in memory.
 
-    The module is copied, so evaluation never moves, converts or re-modes the caller's. ``normalize``
+    The module is copied, so evaluation never moves, converts or re-modes the caller's (only its lazy
+    layers, if any, are materialised first, in place, as its own first forward would). ``normalize``
     (a name such as ``"cifar10"``, or ``(mean, std)``) puts that normalisation in front of it.
     Its rows name it ``name`` (default: the class name), as checkpoint id and loss family, and
     record its class and the sha256 of its state dict; their recipe is (class, state dict sha256).
@@ -460,6 +497,10 @@ def in_memory_encoder(
     label = str(name or cls.__name__).strip()
     if not label or any(c in label for c in "/\\:") or label.startswith("."):
         raise UserError(f"name {label!r}: give a short label without path separators or ':'")
+    ds = DATASETS.info(parse_spec(dataset).name)
+    # lazy layers get their shapes now, in the caller's module (as its own first forward would do):
+    # a module without weights has no state dict to hash, copy or probe
+    materialize_lazy(module, (int(ds["channels"]), int(ds["size"]), int(ds["size"])))
     module_sha = state_dict_sha256(module)
     encoder = copy.deepcopy(module)
     stats = _normalization(normalize, dataset)
@@ -591,6 +632,21 @@ def _summary(job: _Job, info: dict[str, Any], control: bool, *, computed: int, r
     if reused == 0:
         return f"{what}: {total} result rows computed into {rows_dir}"
     return f"{what}: {total} result rows in {rows_dir}: {computed} computed, {reused} already existed"
+
+
+def _compute_locked(
+    job: _Job, setting: Setting, data: tuple[ImageData, ImageData], force: bool
+) -> tuple[list[ResultRow], int]:
+    """(rows, how many were computed) of one setting, under the advisory lock of its rows: a second
+    process evaluating the same checkpoint and protocol into ``out`` waits, then reuses what the first
+    one wrote (and computes only what is still missing)."""
+    ids, _ = _existing(job, setting, force)
+    key = sha256_bytes(" ".join(sorted(ids)).encode())[:24]
+    with advisory_lock(job.out, key, f"{job.base['checkpoint_id']} {setting.name} {setting.dataset}"):
+        ids, done = _existing(job, setting, force)  # what another process finished meanwhile counts
+        if len(done) == len(ids):
+            return [done[r] for r in ids], 0
+        return _run_setting(job, setting, data, ids, keep=done), len(ids) - len(done)
 
 
 def _run_setting(

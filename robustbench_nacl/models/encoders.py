@@ -604,6 +604,7 @@ def _plugin_builder(name: str, factory: PluginFactory) -> Callable[..., Encoder]
             )
         encoder = Encoder(backbone, dim, in_channels=in_channels, mean=mean, std=std, input_shape=input_shape)
         if input_shape is not None:
+            materialize_lazy(encoder, input_shape)  # before an optimizer, EMA or copy sees the module
             _check_feature_shape(name, encoder, input_shape)
         return encoder
 
@@ -619,6 +620,27 @@ def _plugin_builder(name: str, factory: PluginFactory) -> Callable[..., Encoder]
     build.__name__ = build.__qualname__ = name
     build.__doc__ = factory.__doc__
     return build
+
+
+def materialize_lazy(module: nn.Module, input_shape: Sequence[int]) -> nn.Module:
+    """Give lazy layers (``nn.LazyLinear``, ``nn.LazyConv2d``, ...) their shapes, PyTorch's documented
+    recipe: one dry forward, here on 2 blank images of ``input_shape`` (C, H, W) (the shapes are all a
+    lazy layer infers). In eval mode and without gradient, so no BatchNorm statistic moves; the new
+    weights are drawn from the global generator, as the layer's first forward would draw them. A no-op
+    (nothing run) for a module without lazy parameters. Returns ``module``, materialised in place."""
+    from torch.nn.parameter import is_lazy
+
+    tensors = list(itertools.chain(module.parameters(), module.buffers()))
+    if not any(is_lazy(t) for t in tensors):
+        return module
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            module(torch.zeros(2, *input_shape, device=tensors[0].device))
+    finally:
+        module.train(was_training)
+    return module
 
 
 def _check_feature_shape(name: str, encoder: Encoder, input_shape: tuple[int, int, int]) -> None:

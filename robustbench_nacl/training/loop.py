@@ -182,11 +182,7 @@ def _start(
         state = _load_state(out / STATE)
         if state["config"] != _json_config(cfg):
             raise UserError(f"{out} was started with a different configuration; resume with the same flags")
-        if state.get("distributed") != run.dist_state():
-            raise UserError(
-                f"{out} was started with {_processes(state.get('distributed'))}, this run has "
-                f"{_processes(run.dist_state())}; resume on the same number of processes"
-            )
+        _check_same_run(out, state.get("distributed"), run.dist_state())
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
@@ -197,6 +193,27 @@ def _start(
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
     return run
+
+
+def _shards(dist_state: dict[str, Any] | None) -> int:
+    """Into how many shards BatchNorm split each global batch in a saved or current world."""
+    return 1 if dist_state is None or dist_state["sync_bn"] else int(dist_state["world_size"])
+
+
+def _check_same_run(out: Path, saved: dict[str, Any] | None, now: dict[str, Any] | None) -> None:
+    """Resuming on another number of processes is the same run when BatchNorm sees the same batches:
+    every rank computes the loss of the global batch, so only per-rank BatchNorm (W shards) tells
+    world sizes apart; with --sync-bn (or one process) the statistics are the global batch's."""
+    if _shards(saved) == _shards(now):
+        return
+    if saved is not None and not saved["sync_bn"]:
+        how = f"resume on {saved['world_size']} processes without --sync-bn"
+    else:
+        how = "resume on one process, or on any number with --sync-bn"
+    raise UserError(
+        f"{out} was started with {_processes(saved)}, this run has {_processes(now)}: BatchNorm would see "
+        f"each batch in {_shards(now)} shard(s) instead of {_shards(saved)}, which is another run; {how}"
+    )
 
 
 def _processes(dist_state: dict[str, Any] | None) -> str:

@@ -1,0 +1,107 @@
+"""Advisory locks on work in a shared output folder: two processes never compute the same thing at once.
+
+A lock is a file (``<folder>/.locks/<key>.lock``) held with ``fcntl.flock`` while the work runs; it
+holds the holder's pid, host and start time, and is removed on release. The kernel drops a flock when
+its process dies (kill -9 included), so a lock left by a killed process never blocks anyone: the next
+process takes it at once, and the file still there tells it who died holding it. A second process that
+finds the lock held by a live process waits for it, then looks again at what is on disk (the caller
+re-reads what the first one wrote, and computes only what is still missing).
+
+Where ``fcntl`` does not exist (Windows) the lock is a no-op: the work is still correct (rows are
+content-addressed and written atomically), only possibly done twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+LOCKS_DIR = ".locks"
+
+
+def lock_path(folder: str | Path, key: str) -> Path:
+    """Where the lock named ``key`` of an output folder lives."""
+    return Path(folder) / LOCKS_DIR / f"{key}.lock"
+
+
+def _holder(f: Any) -> dict[str, Any] | None:
+    f.seek(0)
+    try:
+        data = json.loads(f.read() or "null")
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _describe(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "another process"
+    return f"pid {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})"
+
+
+def _acquire(path: Path, what: str, quiet: bool) -> Any:
+    """The open lock file of ``path``, flocked by this process (waiting while a live one holds it)."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release
+        except FileNotFoundError:  # the folder was removed by the last holder just now
+            continue
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not quiet:
+                print(
+                    f"waiting for {_describe(_holder(f))}, which is computing {what} ({path})",
+                    file=sys.stderr,
+                )
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # blocks until the holder finishes or dies
+        try:
+            same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file its holder removed while we waited: ours
+            return f
+        f.close()
+
+
+@contextlib.contextmanager
+def advisory_lock(folder: str | Path, key: str, what: str, *, quiet: bool = False) -> Iterator[None]:
+    """Hold the lock ``key`` of ``folder`` while the body runs; wait (saying so on stderr) while another
+    live process holds it; take over, saying so, one that a killed process left. ``what`` names the work."""
+    path = lock_path(folder, key)
+    if fcntl is None:
+        yield
+        return
+    f = _acquire(path, what, quiet)
+    try:
+        stale = _holder(f)  # a released lock is removed: a holder here died while holding it
+        if stale and not quiet:
+            print(
+                f"took over the lock of {_describe(stale)}, which ended without releasing it ({what})",
+                file=sys.stderr,
+            )
+        f.seek(0)
+        f.truncate()
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}))
+        f.flush()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # before unlocking: a waiter that gets this file sees it is gone, and retries
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # the last lock of the folder: leave no empty .locks behind
+        f.close()  # releases the flock

@@ -1,0 +1,87 @@
+"""A zoo entry is complete when every row its manifest asks for is present, not when the count matches."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from robustbench_nacl import cli, pipeline, zoo
+from robustbench_nacl.eval import evaluate as ev
+
+RECIPE = {
+    "epochs": 1,
+    "batch_size": 64,
+    "optimizer": "adam",
+    "lr": 3e-3,
+    "weight_decay": 0.0,
+    "max_train": 128,
+}
+EVAL = {"suite": "quick", "n_examples": 20, "probe_epochs": 5, "probe_max_train": 100}
+
+
+def tiny_entry(root: Path, loss: str, seed: int = 0, **eval_changes: object) -> zoo.ZooEntry:
+    """A digits entry that trains and evaluates in about a second (written under ``root``)."""
+    e = zoo.ZooEntry(
+        id=zoo.expected_id("convnet_small", loss, "digits:0-4", seed),
+        zoo="t",
+        encoder="convnet_small",
+        loss=loss,
+        dataset="digits:0-4",
+        seed=seed,
+        recipe=dict(RECIPE),
+        encoder_kwargs={"width": 4},
+        eval={**EVAL, **eval_changes},
+    )
+    zoo.write_entry(e, root)
+    return e
+
+
+def _mtimes(board: Path, ckpt_id: str) -> dict[str, int]:
+    out = {}
+    for p in (board / "rows").glob("*.json"):
+        if json.loads(p.read_text())["checkpoint_id"] == ckpt_id:
+            out[p.name] = p.stat().st_mtime_ns
+    return out
+
+
+def test_the_keys_come_from_evaluates_identity_function(tmp_path: Path) -> None:
+    e = tiny_entry(tmp_path, "simclr")
+    args = pipeline.eval_arguments(e)
+    ids = ev.planned_identities(e.dataset, **args)
+    assert pipeline.row_keys(e) == {pipeline.row_key(i) for i in ids} and len(ids) == pipeline.expected_rows(
+        e
+    )
+    changed = tiny_entry(tmp_path, "simclr", n_examples=21)
+    assert pipeline.row_keys(changed).isdisjoint(pipeline.row_keys(e))  # the protocol is in every key
+
+
+def test_a_changed_entry_recomputes_only_its_rows_and_the_board_shows_the_new_n(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
+    a, b = tiny_entry(tmp_path / "zoo", "simclr"), tiny_entry(tmp_path / "zoo", "debiased")
+    board, ck = tmp_path / "board", tmp_path / "ck"
+    argv = ["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"]
+    assert cli.main(argv) == 0
+    b_before = _mtimes(board, b.id)
+    a_before = _mtimes(board, a.id)
+    assert len(a_before) == len(b_before) == pipeline.expected_rows(a)
+    # the same number of rows under another protocol: the count alone said "complete"
+    tiny_entry(tmp_path / "zoo", "simclr", n_examples=25)
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    # the changed entry and the random-init control at its new protocol; the other entry is skipped
+    assert "0 trained" in out and "2 evaluations" in out and "1 already complete" in out, out
+    assert f"{len(a_before)} result rows of these entries were computed under another" in err
+    assert _mtimes(board, b.id) == b_before  # the unchanged entry's files were not touched
+    a_after = _mtimes(board, a.id)
+    assert len(a_after) == len(a_before) and not set(a_after) & set(a_before)
+    assert sorted(os.listdir(board / pipeline.SUPERSEDED_DIR)) == sorted(a_before)  # kept aside
+    results = json.loads((board / "leaderboard.json").read_text())["results"]
+    shown = {(r["loss"], r["n_examples"]) for r in results}
+    assert {n for loss, n in shown if loss == "simclr"} == {25}  # the board has the new n only
+    assert {n for loss, n in shown if loss == "debiased"} == {20}
