@@ -95,7 +95,8 @@ def eval_entry(
     control: bool = False,
     progress: bool = False,
 ) -> int:
-    """Evaluate a trained entry (or its random-init control) as its manifest says; rows go to ``out/rows``.
+    """Evaluate a trained entry (or its random-init control) as its manifest says; rows go to ``out/rows``,
+    the fitted linear heads to ``out/heads``.
 
     The evaluation seed (attack starts, probe initialisation, the control's weights) is the entry's
     training seed, so the controls of a 3-seed zoo are three different random networks.
@@ -120,6 +121,7 @@ def eval_entry(
         device=device,
         control=control,
         progress=progress,
+        save_heads=True,  # the fitted probes beside the rows (out/heads/): what publishing a model ships
     )
     return len(rows)
 

@@ -38,7 +38,8 @@ from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
 from . import rows as results
 from .benchmark import WORST_CASE, benchmark
-from .probe import ProbeConfig, fit_linear_probe
+from .heads import HEADS_DIR, head_key, load_head, save_head
+from .probe import ProbeConfig, ProbedClassifier, fit_linear_probe
 from .rows import KEY_PARAMS, ROW_FORMAT, ResultRow
 
 SHIFT_NAMES = ("grayscale", "crop", "flip", "jitter", "grayscale+jitter")
@@ -260,6 +261,8 @@ class _Job:
     batch_size: int | None
     device: torch.device
     progress: bool
+    heads: Path | None = None  # a folder of fitted heads to reuse (published models ship theirs)
+    save_heads: bool = False  # write each fitted head to out/heads/
 
 
 def evaluate(
@@ -283,6 +286,8 @@ def evaluate(
     data_root: str | None = None,
     progress: bool = True,
     name: str | None = None,
+    heads: str | Path | None = None,
+    save_heads: bool = False,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -293,7 +298,9 @@ def evaluate(
     untrained encoder of the same architecture instead (the random-initialisation control). Rows are
     written under ``out/rows/``; the returned list's ``summary`` says in one line how many were
     computed and how many already existed. ``probe.seed`` None (the default) means the evaluation
-    ``seed``.
+    ``seed``. ``heads`` is a folder of fitted linear heads (eval/heads.py): a setting whose head is
+    there is attacked with it instead of refitting the probe; ``save_heads`` writes each fitted
+    head to ``out/heads/``.
     """
     _check_args(n_examples, batch_size, probe)
     refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
@@ -313,6 +320,7 @@ def evaluate(
     kw = {"sha": base["checkpoint_sha256"], "seed": seed, "n_examples": n_examples, "probe": probe}
     kw["attack_versions"] = attack_versions(loaded_suite)
     job = _Job(encoder, loaded_suite, base, kw, Path(out), batch_size, dev, progress)
+    job.heads, job.save_heads = (Path(heads) if heads else None), save_heads
     plan = [(s, *_existing(job, s, force)) for s in settings_for(dataset, transfer, shift)]
     work = [s for s, ids, done in plan if len(done) < len(ids)]
     data = {s: _load(s, data_root) for s in work}  # a missing dataset fails before any row is written
@@ -570,7 +578,7 @@ def _run_setting(
     x_test, y_test = test.x[:n], test.y[:n]  # the first n test examples: fixed and documented
     # Probing must never change the encoder: work on a copy so the caller's module is untouched too.
     before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
-    classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
+    classifier, probe_result = _probe(job, setting, train, test)
     after = classifier.encoder.state_dict()
     if any(not torch.equal(before[k], after[k]) for k in before):
         raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
@@ -609,6 +617,19 @@ def _run_setting(
         results.write_row(job.out, row)
         written.append(row)
     return written
+
+
+def _probe(job: _Job, setting: Setting, train: ImageData, test: ImageData) -> tuple[nn.Module, Any]:
+    """The probed classifier of a setting: a stored head when ``job.heads`` has one, else a fitted one."""
+    key = head_key(job.kw["sha"], setting.name, setting.dataset, asdict(job.kw["probe"]))
+    stored = load_head(job.heads, key) if job.heads else None
+    if stored is not None:
+        head, result = stored
+        return ProbedClassifier(copy.deepcopy(job.encoder), head.to(job.device)), result
+    classifier, result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
+    if job.save_heads:
+        save_head(job.out / HEADS_DIR, key, classifier.head, result)
+    return classifier, result
 
 
 def _make_row(job: _Job, setting: Setting, r: dict[str, Any], shared: dict[str, Any]) -> ResultRow:
