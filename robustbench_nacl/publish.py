@@ -84,8 +84,10 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
     for cid in sorted({control_id(e) for e in entries}):
         keep += [r for r in all_rows if r["checkpoint_id"] == cid]
     _copy_heads(keep, board, target)
-    for r in keep:
-        write_row(target, r)
+    for r in keep:  # the path of the machine that measured them means nothing to a reader
+        write_row(
+            target, ResultRow.from_json({**r.to_json(), "checkpoint": f"{MODELS_DIR}/{r['checkpoint_id']}"})
+        )
     cover = {
         "zoo": name,
         "presets": sorted({e.loss for e in entries}),

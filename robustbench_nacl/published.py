@@ -130,7 +130,10 @@ def _download(url: str, target: Path) -> None:
             shutil.copyfileobj(response, f)
     except (urllib.error.URLError, OSError, ValueError) as e:
         tmp.unlink(missing_ok=True)
-        reason = getattr(e, "reason", None) or e
+        if isinstance(e, urllib.error.HTTPError):
+            reason: object = f"HTTP {e.code} {e.reason}"
+        else:
+            reason = getattr(e, "reason", None) or e
         raise UserError(
             f"cannot download {url} ({' '.join(str(reason).split())[:120]}); check the URL, or pass "
             "--weights-from a local folder holding <name>/weights.safetensors"

@@ -132,7 +132,8 @@ def card_of_rows(rows: Iterable[Mapping[str, Any]], **info: Any) -> dict[str, An
     own = [r for r in rows if r["setting"] == "in-domain"] or rows[:1]
     own = [r for r in rows if r["protocol_id"] == own[0]["protocol_id"]]
     first = own[0]
-    kwargs = (first.get("recipe") or {}).get("encoder_kwargs") or {}
+    recipe = first.get("recipe") or {}
+    kwargs = (recipe.get("config") or recipe).get("encoder_kwargs") or {}
     options = ", ".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
     fields = {
         "name": first["checkpoint_id"],
