@@ -62,7 +62,8 @@ def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: P
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / manifest["weights"], dest / WEIGHTS)
     write_json_atomic(dest / "manifest.json", {**manifest, "weights": WEIGHTS})
-    card = card_of_rows(rows, name=entry.id, authors=AUTHORS, venue="", link=None)
+    reported = json.loads((published_dir() / "paper_reported.json").read_text()).get(entry.loss, [])
+    card = card_of_rows(rows, name=entry.id, authors=AUTHORS, venue="", link=None, paper_reported=reported)
     write_card(dest / CARD, card)
     return card
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -32,13 +33,25 @@ def _site_dirs() -> list[str]:
     return sorted(d for d in dirs if Path(d).is_dir() and Path(d).resolve() != ROOT)
 
 
+def _not_sources(folder: str, names: list[str]) -> set[str]:
+    """What a build does not need: caches, outputs, environments, the reference leaderboard."""
+    skip = {"__pycache__", ".pytest_cache", ".ruff_cache", ".import_linter_cache", ".hypothesis"}
+    if Path(folder).resolve() == ROOT:
+        skip |= {".git", ".venv", "build", "dist", "robustbench_out", "leaderboard", "runs", "bench"}
+    return {n for n in names if n in skip or n.endswith(".egg-info")}
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """Build the wheel, make a fresh venv, install the wheel into it; returns paths and timings."""
     tmp = tmp_path_factory.mktemp("wheel")
     t0 = time.perf_counter()
+    # from a copy of the checkout: setuptools builds in the source tree, and a build/ left there by
+    # an earlier build would put files since deleted into this wheel
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=_not_sources)
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-    subprocess.run([*build, "-w", str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run([*build, "-w", str(tmp / "dist"), str(src)], check=True, capture_output=True, timeout=300)
     wheel = next((tmp / "dist").glob("robustbench_nacl-*.whl"))
     t_build = time.perf_counter() - t0
     venv = tmp / "venv"
