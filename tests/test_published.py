@@ -330,3 +330,17 @@ def test_zoo_regenerate_rewrites_the_generated_manifests(
         ).read_text()
     code, _, err = _cli(["zoo", "regenerate", "--zoo", "nope"], capsys)
     _one_line_error(code, err, "unknown generated zoo 'nope'")
+
+
+def test_a_damaged_head_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    from robustbench_nacl.eval.heads import head_path, load_head
+
+    source = next((published_dir() / SET / "heads").glob("*.safetensors"))
+    key = source.stem
+    head, result = load_head(source.parent, key)  # type: ignore[misc]
+    assert head.weight.shape[0] == 5 and 0 < result.test_acc <= 1
+    damaged = head_path(tmp_path, key)
+    damaged.write_bytes(source.read_bytes()[:40])
+    with pytest.raises(UserError, match=r"is damaged .*; delete it to refit the probe"):
+        load_head(tmp_path, key)
+    assert load_head(tmp_path, "0" * 24) is None  # no head: the probe is fitted
