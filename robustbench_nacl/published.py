@@ -191,7 +191,7 @@ def model_rows(model: PublishedModel) -> list[ResultRow]:
     return [r for r in load_rows(model.set_folder) if r["checkpoint_sha256"] == model.weights_sha256]
 
 
-def protocol_rows(model: PublishedModel, protocol: str | None) -> ResultRow:
+def protocol_row(model: PublishedModel, protocol: str | None) -> ResultRow:
     """A committed row of the model under ``protocol``: a protocol id, a dataset spec or a setting name.
 
     None is the in-domain protocol. A one-line error lists the model's protocols otherwise.
@@ -227,7 +227,7 @@ def load_model(
     encoder, _ = load_encoder(checkpoint_dir(model, weights_from))
     if not head:
         return encoder.eval()
-    row = protocol_rows(model, protocol)
+    row = protocol_row(model, protocol)
     key = head_key(row["checkpoint_sha256"], row["setting"], row["dataset"], dict(row["probe_config"]))
     stored = load_head(model.set_folder / HEADS_DIR, key)
     if stored is None:
