@@ -122,7 +122,9 @@ def _check_sha(model: PublishedModel, path: Path, fix: str) -> Path:
     return path
 
 
-def _download(url: str, target: Path) -> None:
+def _download(url: str, target: Path, sha256: str | None = None) -> None:
+    """Download ``url`` to ``target`` atomically; with ``sha256``, a file that does not match it is
+    refused before it reaches ``target`` (so the cache never holds a damaged download)."""
     tmp = target.with_name(f".{target.name}.part")
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -138,6 +140,12 @@ def _download(url: str, target: Path) -> None:
             f"cannot download {url} ({' '.join(str(reason).split())[:120]}); check the URL, or pass "
             "--weights-from a local folder holding <name>/weights.safetensors"
         ) from None
+    if sha256 is not None and (actual := sha256_file(tmp)) != sha256:
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"{url} has sha256 {actual[:12]}... but the model card pins {sha256[:12]}...: the server holds "
+            "a damaged file or another model's; check the URL given to --weights-from"
+        )
     os.replace(tmp, target)
 
 
@@ -156,8 +164,8 @@ def weights_file(model: PublishedModel, weights_from: str | Path | None = None) 
         cached = cache_dir() / model.weights_sha256 / WEIGHTS
         fix = f"delete {cached} to download it again"
         if not cached.is_file():
-            _download(f"{src.rstrip('/')}/{model.name}/{WEIGHTS}", cached)
-        return _check_sha(model, cached, fix)
+            _download(f"{src.rstrip('/')}/{model.name}/{WEIGHTS}", cached, model.weights_sha256)
+        return _check_sha(model, cached, fix)  # the cached copy may have been damaged since
     for path in (Path(src) / model.name / WEIGHTS, Path(src) / f"{model.name}.safetensors"):
         if path.is_file():
             return _check_sha(model, path, f"replace {path} with the published file")

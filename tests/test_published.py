@@ -197,8 +197,12 @@ def test_weights_download_once_into_the_cache_and_a_damaged_download_is_refused(
     data = bytearray((served / other / "weights.safetensors").read_bytes())
     data[-1] ^= 1
     (served / other / "weights.safetensors").write_bytes(bytes(data))
-    with pytest.raises(UserError, match=r"damaged or another model's; delete .* to download it again"):
+    with pytest.raises(UserError, match=r"the server holds a damaged file or another model's"):
         load_model(other, weights_from=url)
+    assert len(list((tmp_path / "cache").rglob("weights.safetensors"))) == len(cached)  # not cached
+    cached[0].write_bytes(cached[0].read_bytes()[:-1] + b"x")  # damaged in the cache since
+    with pytest.raises(UserError, match=r"damaged or another model's; delete .* to download it again"):
+        load_model(NAME, weights_from=url)
     with pytest.raises(UserError, match=r"cannot download .*404"):
         load_model("convnet_small.hardneg_digits-0-4_s0", weights_from=url + "/nothing-here")
 
