@@ -2,7 +2,7 @@
 
 The public API (everything else is reachable through the submodules)::
 
-    from robustbench_nacl import benchmark, evaluate, train, TrainConfig, pair_loss
+    from robustbench_nacl import benchmark, evaluate, load_model, train, TrainConfig, pair_loss
 """
 
 from . import plugins
@@ -16,6 +16,7 @@ from .eval.rows import ResultRow, load_rows
 from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
 from .models.encoders import create_encoder, register_encoder
 from .models.foreign import load_encoder
+from .published import load_model, published_models
 from .report.leaderboard import render_leaderboard
 from .training import TrainConfig, train
 
@@ -31,10 +32,12 @@ __all__ = [
     "list_presets",
     "load_dataset",
     "load_encoder",
+    "load_model",
     "load_rows",
     "load_suite",
     "pair_loss",
     "plugins",
+    "published_models",
     "register_encoder",
     "register_pair_loss",
     "register_preset",

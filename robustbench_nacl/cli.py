@@ -489,8 +489,11 @@ def run_eval(args: argparse.Namespace) -> int:
     from .eval.probe import ProbeConfig
 
     refuse_reference_dir(args.out)
+    checkpoint, heads = _eval_source(args)
     rows = evaluate(
-        args.checkpoint,
+        checkpoint,
+        heads=heads,
+        save_heads=args.save_heads,
         dataset=args.dataset,
         transfer=_resolve_transfer(args),
         shift=args.shift,
@@ -515,7 +518,26 @@ def run_eval(args: argparse.Namespace) -> int:
     # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
     summary = getattr(rows, "summary", None)
     print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
+    if args.card and rows:
+        from .eval.cards import card_of_rows, write_card
+
+        path = Path(args.out) / "cards" / f"{rows[0]['checkpoint_id']}.json"
+        print(f"model card: {write_card(path, card_of_rows(rows))}")
     return 0
+
+
+def _eval_source(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(checkpoint, heads folder) of ``eval``: a path, or a published model's (``--model NAME``)."""
+    if (args.checkpoint is None) == (args.model is None):
+        raise UserError("pass a checkpoint path or --model NAME (one of `robustbench-nacl models`), not both")
+    if args.model is None:
+        if args.weights_from:
+            raise UserError("--weights-from goes with --model NAME; a checkpoint path names its own weights")
+        return args.checkpoint, None
+    from .published import HEADS_DIR, checkpoint_dir, find_model
+
+    model = find_model(args.model)
+    return str(checkpoint_dir(model, args.weights_from)), str(model.set_folder / HEADS_DIR)
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
@@ -545,7 +567,22 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     from .eval.probe import ProbeConfig
 
     p.add_argument(
-        "checkpoint", help="a directory written by `train`, its manifest.json, or a foreign weights file"
+        "checkpoint",
+        nargs="?",
+        help="a directory written by `train`, its manifest.json, or a foreign weights file",
+    )
+    p.add_argument("--model", default=None, help="a published model instead (`robustbench-nacl models`)")
+    p.add_argument(
+        "--weights-from",
+        default=None,
+        metavar="DIR|URL",
+        help="--model: its weights from this folder or URL (downloads are cached; sha256 checked)",
+    )
+    p.add_argument(
+        "--card", action="store_true", help="also write OUT/cards/<checkpoint id>.json, its model card"
+    )
+    p.add_argument(
+        "--save-heads", action="store_true", help="also write the fitted linear heads to OUT/heads/"
     )
     p.add_argument(
         "--dataset", default=None, help="in-domain dataset (default: the checkpoint's pretraining dataset)"
@@ -922,6 +959,45 @@ def _zoo_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_publish(args: argparse.Namespace) -> int:
+    """Copy the trained, evaluated entries of --zoo into the package's published set (maintainers)."""
+    from .publish import publish_zoo
+
+    if not args.zoo:
+        raise UserError("zoo publish needs --zoo NAME: a published set is one zoo")
+    publish_zoo(_zoo_entries(args), args.out, args.leaderboard, args.zoo)
+    return 0
+
+
+def _zoo_regenerate(args: argparse.Namespace) -> int:
+    """Rewrite the generated zoos' manifests from the presets (after adding a preset to the package)."""
+    from . import zoo
+
+    for name, (written, removed) in zoo.regenerate(args.zoo).items():
+        print(f"zoo {name}: {written} manifests written, {removed} stale ones removed")
+    return 0
+
+
+def _zoo_verify_submission(args: argparse.Namespace) -> int:
+    """Recompute a sample of a submission's rows from its weights; exit 1 naming a row that disagrees."""
+    from .submission import verify_submission
+
+    if len(args.ids) != 1:
+        raise UserError(
+            "zoo verify-submission needs one folder: `zoo verify-submission DIR` (CONTRIBUTING.md)"
+        )
+    report = verify_submission(
+        args.ids[0], settings=args.sample_settings, tolerance=args.tolerance, device=args.device
+    )
+    for line in report.lines:
+        print(line)
+    if report.failures:
+        print(f"rejected: {report.failures[0]}", file=sys.stderr)
+        return 1
+    print(f"accepted: {report.summary}")
+    return 0
+
+
 def _zoo_entries(args: argparse.Namespace) -> list[Any]:
     from . import zoo
 
@@ -936,6 +1012,9 @@ _ZOO_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _zoo_run,
     "verify": _zoo_verify,
     "status": _zoo_status,
+    "publish": _zoo_publish,
+    "regenerate": _zoo_regenerate,
+    "verify-submission": _zoo_verify_submission,
 }
 
 
@@ -945,7 +1024,8 @@ def run_zoo(args: argparse.Namespace) -> int:
 
 @command(
     "zoo",
-    "list, show, train, eval, run (train + eval + render), verify or status of zoo entries (zoo/*/*.json)",
+    "list, show, train, eval, run (train + eval + render), verify or status of zoo entries (zoo/*/*.json); "
+    "publish, regenerate, verify-submission DIR",
 )
 def _zoo_args(p: argparse.ArgumentParser) -> None:
     _deterministic_flag(p)
@@ -978,6 +1058,19 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
         "at the suite's largest epsilon)",
     )
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto (in a job: cuda, never cuda:N)")
+    p.add_argument(
+        "--sample-settings",
+        type=int,
+        default=2,
+        help="verify-submission: settings whose rows are recomputed (in-domain first; default: %(default)s)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=int,
+        default=0,
+        help="verify-submission: attacked outcomes allowed to differ per 200 examples (another CPU's "
+        "rounding; default: %(default)s, exact)",
+    )
     _launcher_args(p)
 
 
@@ -1022,6 +1115,41 @@ def _launcher_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="any other sbatch option, e.g. account=ABC, qos=high, constraint=a100 (repeatable)",
     )
+
+
+def run_models(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from .published import not_covered, published_models, published_sets
+
+    models = published_models(args.dataset)
+    if not models:
+        known = sorted({m.card["dataset"] for m in published_models()}) or ["none in this installation"]
+        raise UserError(f"no published model pretrained on {args.dataset}; published: {', '.join(known)}")
+    if args.json:
+        print(json.dumps([{**m.card, "set": m.set} for m in models], indent=2))
+        return 0
+    table = []
+    for m in models:
+        h = m.card["headline"]["SLF"]
+        robust = f"{h['robust_acc']:.1%} ({h['metric']} {h['norm']} {h['eps_label']})"
+        table.append([m.name, m.card["dataset"], m.card["loss"]["family"], f"{h['clean_acc']:.1%}", robust])
+    print(tabulate(table, headers=["name", "dataset", "loss", "clean", "robust (SLF)"], tablefmt="github"))
+    print(f"{len(models)} published models; load one with load_model(NAME) or `eval --model NAME`")
+    for s in published_sets():
+        if missing := not_covered(s):  # a preset added since: listed, never an error
+            print(f"set {s}: not in the published reference yet: {', '.join(missing)}")
+    return 0
+
+
+@command(
+    "models", "list the published reference models (load_model / eval --model NAME) with headline numbers"
+)
+def _models_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dataset", default=None, help="only models pretrained on this dataset (digits or digits:0-4)"
+    )
+    p.add_argument("--json", action="store_true", help="print every model's card as JSON")
 
 
 def run_demo(args: argparse.Namespace) -> int:

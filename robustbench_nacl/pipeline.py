@@ -150,11 +150,19 @@ def eval_entry(
     control: bool = False,
     progress: bool = False,
 ) -> int:
-    """Evaluate a trained entry (or its random-init control) as its manifest says; rows go to ``out/rows``."""
+    """Evaluate a trained entry (or its random-init control) as its manifest says (:func:`eval_arguments`);
+    rows go to ``out/rows``, the fitted linear heads to ``out/heads``."""
     from .eval.evaluate import evaluate
 
     args = eval_arguments(entry, control)
-    rows = evaluate(checkpoint_dir(entry, ckpts), out=out, device=device, progress=progress, **args)
+    rows = evaluate(
+        checkpoint_dir(entry, ckpts),
+        out=out,
+        device=device,
+        progress=progress,
+        save_heads=True,  # the fitted probes beside the rows (out/heads/): what publishing a model ships
+        **args,
+    )
     return len(rows)
 
 

@@ -1,4 +1,4 @@
-"""The model zoo: one JSON manifest per entry under the top-level ``zoo/`` folder (data, not code).
+"""The model zoo: one JSON manifest per entry under ``zoo/`` (data shipped in the package, not code).
 
 An entry names an encoder, a loss preset with its overrides, a dataset, a recipe and a seed; once
 trained, its checkpoint directory holds ``weights.safetensors`` whose sha256 ``zoo verify``
@@ -18,10 +18,11 @@ from typing import Any
 from .errors import UserError
 from .io import sha256_file, write_json_atomic
 from .models.checkpoint import read_manifest
+from .packaged import zoo_dir
 from .registry import unknown_choice
 
 ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
-REPO_ZOO = Path(__file__).resolve().parents[1] / "zoo"
+REPO_ZOO = zoo_dir()  # the package's files/zoo (the repository's top-level zoo/ links to it)
 # ids and zoo names are used as file names: no separators, no leading dot (so never "." or "..")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=,-]{0,199}")
 RECIPE_KEYS = {"epochs": int, "batch_size": int, "lr": float, "weight_decay": float, "max_train": int}
@@ -82,7 +83,7 @@ def _one_line(e: BaseException, limit: int = 200) -> str:
 
 
 def zoo_root(root: str | Path | None = None) -> Path:
-    """The zoo folder: argument > $ROBUSTBENCH_NACL_ZOO > the repository's zoo/."""
+    """The zoo folder: argument > $ROBUSTBENCH_NACL_ZOO > the shipped zoo/ (in the package)."""
     return Path(root or os.environ.get(ZOO_ENV) or REPO_ZOO)
 
 
@@ -311,13 +312,25 @@ DEMO_EVAL = {"transfer": "digits:5-9", "shift": "all", "suite": "paper", "n_exam
 DEMO_M = 3  # demo: 3 positives instead of 5, so that every family fits the 5-minute CPU budget
 
 
-def zoo_presets() -> list[str]:
-    """The presets a generated zoo trains: all but those that need another checkpoint first (DeACL's
-    stage-1 teacher, which a zoo cannot name before it is trained; docs/decisions.md,
-    'Adversarial contrastive pretraining')."""
+def package_presets() -> list[str]:
+    """The presets the package ships (a plugin's presets belong to the plugin, not to the shipped zoos)."""
     from .losses import PRESETS
 
-    return [n for n in PRESETS.names() if "teacher" not in PRESETS.get(n).params.extra_params()]
+    return [n for n in PRESETS.names() if is_package_preset(PRESETS.get(n).module)]
+
+
+def is_package_preset(module: str | None) -> bool:
+    """True for a preset registered by robustbench_nacl itself (built-in: module None or ours)."""
+    return module is None or module == "robustbench_nacl" or module.startswith("robustbench_nacl.")
+
+
+def zoo_presets() -> list[str]:
+    """The presets a generated zoo trains: the package's own, but not those that need another
+    checkpoint first (DeACL's stage-1 teacher, which a zoo cannot name before it is trained;
+    docs/decisions.md, 'Adversarial contrastive pretraining')."""
+    from .losses import PRESETS
+
+    return [n for n in package_presets() if "teacher" not in PRESETS.get(n).params.extra_params()]
 
 
 def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
@@ -462,3 +475,28 @@ def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
 def demo_zoo() -> list[ZooEntry]:
     """digits classes 0-4, convnet_small (width 16): one entry per loss family, seed 0."""
     return _one_per_family("demo", "digits:0-4", DEMO_RECIPE, DEMO_EVAL, (0,), tag_m=False)
+
+
+#: The zoos whose manifests are generated from the package's presets (``zoo regenerate`` writes them).
+GENERATED_ZOOS = {"demo": demo_zoo, "fashion-mnist": fashion_mnist_zoo, "paper": paper_zoo}
+
+
+def regenerate(name: str | None = None, root: str | Path | None = None) -> dict[str, tuple[int, int]]:
+    """Rewrite the manifests of the generated zoos (or of ``name``): {zoo: (written, stale removed)}.
+
+    After a preset is added to the package, this is the one command that brings the shipped zoos up
+    to date; manifests whose entry the generator no longer makes are removed.
+    """
+    if name is not None and name not in GENERATED_ZOOS:
+        raise unknown_choice("generated zoo", name, GENERATED_ZOOS)
+    done = {}
+    for zoo_name in [name] if name else list(GENERATED_ZOOS):
+        entries = GENERATED_ZOOS[zoo_name]()
+        folder = zoo_root(root) / zoo_name
+        stale = {p for p in folder.glob("*.json")} - {folder / f"{e.id}.json" for e in entries}
+        for e in entries:
+            write_entry(e, root)
+        for p in stale:
+            p.unlink()
+        done[zoo_name] = (len(entries), len(stale))
+    return done

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..io import canonical_json
+from ..packaged import attacks_dir
 from .attacks import (
     NORMS,
     TORCHATTACKS_PREFIX,
@@ -46,7 +47,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 ENV_DIR = "ROBUSTBENCH_NACL_ATTACKS"
-REPO_SUITES_DIR = Path(__file__).resolve().parents[2] / "attacks"
+REPO_SUITES_DIR = attacks_dir()  # the package's files/attacks (top-level attacks/ links to it)
 TOP_LEVEL_KEYS = ("attack", "name", "description")
 SPEC_KEYS = ("name", "norm", "eps")
 # Largest meaningful eps per threat model: an Linf ball of radius 1 already contains every image.
@@ -79,7 +80,7 @@ class Suite:
 
 
 def suite_dirs() -> list[Path]:
-    """Where suite names are looked up: ``$ROBUSTBENCH_NACL_ATTACKS`` first, then the repo's ``attacks/``."""
+    """Where suite names are looked up: ``$ROBUSTBENCH_NACL_ATTACKS`` first, then the shipped ``attacks/``."""
     env = os.environ.get(ENV_DIR, "").strip()
     return [*([Path(env)] if env else []), REPO_SUITES_DIR]
 

@@ -41,6 +41,7 @@ from ..attack.suites import AttackSpec, Suite, load_suite
 from ..attack.threat import eps_label
 from ..errors import UserError
 from ..io import canonical_json
+from .cards import build_card, write_card
 from .sanity import (
     SANITY_N,
     TOL_EXAMPLES,
@@ -297,6 +298,8 @@ def benchmark(
     num_classes: int | None = None,
     progress: bool = True,
     sanity_n: int = SANITY_N,
+    card: str | Path | None = None,
+    card_info: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` (images in [0,1] -> logits) under ``suite``; returns result rows.
 
@@ -308,6 +311,9 @@ def benchmark(
     independently; ``worst_case`` rows count an example as robust only if every attack in the suite
     at that norm and any eps <= this eps failed on it. Deterministic given ``seed`` (and
     ``batch_size`` and the device). A model returning probabilities is a ``UserError``.
+    ``card``: also write the model card of these rows there, as RobustBench's benchmark records its
+    model_info (``card_info``: name, architecture, dataset, authors, venue, link, ...; see
+    :func:`..eval.cards.build_card`).
     """
     suite = load_suite(suite)
     _check_inputs(x, y, batch_size)
@@ -348,4 +354,12 @@ def benchmark(
     for r in rows:
         r["setup_wall_s"] = setup_s
     cross_row_checks(rows)
+    if card is not None:
+        info = {
+            "name": Path(card).stem,
+            "architecture": type(model).__name__,
+            "dataset": "",
+            **(card_info or {}),
+        }
+        write_card(card, build_card(rows, **info))
     return rows

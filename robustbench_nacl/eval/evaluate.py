@@ -40,7 +40,8 @@ from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
 from . import rows as results
 from .benchmark import WORST_CASE, benchmark, derive_seed
-from .probe import ProbeConfig, fit_linear_probe
+from .heads import HEADS_DIR, head_key, load_head, save_head
+from .probe import ProbeConfig, ProbedClassifier, fit_linear_probe
 from .rows import KEY_PARAMS, ROW_FORMAT, ResultRow
 
 SHIFT_NAMES = ("grayscale", "crop", "flip", "jitter", "grayscale+jitter")
@@ -327,6 +328,8 @@ class _Job:
     device: torch.device
     progress: bool
     probes: dict[str, Any]  # dataset -> (classifier, probe result): corruption settings reuse it
+    heads: Path | None = None  # a folder of fitted heads to reuse (published models ship theirs)
+    save_heads: bool = False  # write each fitted head to out/heads/
 
 
 def evaluate(
@@ -352,6 +355,8 @@ def evaluate(
     data_root: str | None = None,
     progress: bool = True,
     name: str | None = None,
+    heads: str | Path | None = None,
+    save_heads: bool = False,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -363,7 +368,9 @@ def evaluate(
     written under ``out/rows/``; the returned list's ``summary`` says in one line how many were
     computed and how many already existed. ``probe.seed`` None (the default) means the evaluation
     ``seed``. ``corruptions`` (``"all"`` or names) adds a setting per corruption and severity
-    (``severities``: ``"1-5"`` by default): the in-domain probe on corrupted test images.
+    (``severities``: ``"1-5"`` by default): the in-domain probe on corrupted test images. ``heads``
+    is a folder of fitted linear heads (eval/heads.py): a setting whose head is there is attacked
+    with it instead of refitting the probe; ``save_heads`` writes each fitted head to ``out/heads/``.
     """
     _check_args(n_examples, batch_size, probe)
     refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
@@ -384,6 +391,7 @@ def evaluate(
         loaded_suite, sha=base["checkpoint_sha256"], seed=seed, n_examples=n_examples, probe=probe
     )
     job = _Job(encoder, loaded_suite, base, kw, Path(out), batch_size, dev, progress, {})
+    job.heads, job.save_heads = (Path(heads) if heads else None), save_heads
     settings = settings_for(dataset, transfer, shift, corruptions, severities)
     plan = [(s, *_existing(job, s, force)) for s in settings]
     work = [s for s, ids, done in plan if len(done) < len(ids)]
@@ -703,16 +711,26 @@ def _run_setting(
 
 
 def _probe(job: _Job, setting: Setting, train: ImageData, test: ImageData) -> tuple[nn.Module, Any]:
-    """The linear probe of a setting's dataset: fitted once per dataset in this evaluation (a
-    corruption setting tests the in-domain probe on corrupted images; the fit is deterministic)."""
+    """The probed classifier of a setting's dataset: fitted once per dataset in this evaluation (a
+    corruption setting tests the in-domain probe on corrupted images; the fit is deterministic), or
+    a stored head when ``job.heads`` has one."""
     if setting.name in ("in-domain", "corruption") and setting.dataset in job.probes:
         return job.probes[setting.dataset]
-    # Probing must never change the encoder: work on a copy so the caller's module is untouched too.
-    before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
-    classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
-    after = classifier.encoder.state_dict()
-    if any(not torch.equal(before[k], after[k]) for k in before):
-        raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
+    name = "in-domain" if setting.name == "corruption" else setting.name  # the same probe, the same head
+    key = head_key(job.kw["sha"], name, setting.dataset, asdict(job.kw["probe"]))
+    stored = load_head(job.heads, key) if job.heads else None
+    if stored is not None:
+        head, probe_result = stored
+        classifier = ProbedClassifier(copy.deepcopy(job.encoder), head.to(job.device))
+    else:
+        # Probing must never change the encoder: work on a copy so the caller's module is untouched too.
+        before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
+        classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
+        after = classifier.encoder.state_dict()
+        if any(not torch.equal(before[k], after[k]) for k in before):
+            raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
+        if job.save_heads:
+            save_head(job.out / HEADS_DIR, key, classifier.head, probe_result)
     if setting.name in ("in-domain", "corruption"):  # only these share a probe: hold no other
         job.probes[setting.dataset] = (classifier, probe_result)
     return classifier, probe_result

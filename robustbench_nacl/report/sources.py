@@ -30,9 +30,24 @@ def load_dirs(dirs: Sequence[str | Path] | str | Path) -> DirRows:
         raise UserError("no rows directory given; pass --rows DIR (the --out of `robustbench-nacl eval`)")
     out = []
     for d in dirs:
-        rows = load_rows(d)
+        rows = load_rows(d) if Path(d).exists() else published_rows(str(d))
         out.append((str(d), validate_rows(rows, source=d)))
     return out
+
+
+def published_rows(name: str) -> list[ResultRow]:
+    """The committed rows of a published set (``demo``) or model (its name), for ``--rows NAME``."""
+    from ..packaged import published_dir
+    from ..published import find_model, model_rows, published_sets
+
+    if name in published_sets():
+        return load_rows(published_dir() / name)
+    try:
+        return model_rows(find_model(name))
+    except UserError as e:
+        raise UserError(
+            f"--rows {name}: no such directory, published set ({', '.join(published_sets())}) or model ({e})"
+        ) from None
 
 
 def pooled(dir_rows: DirRows) -> list[ResultRow]:

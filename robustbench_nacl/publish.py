@@ -1,0 +1,100 @@
+"""Publish a trained and evaluated zoo as a set of loadable reference models (``zoo publish``).
+
+Copies, for every entry of the zoo whose rows are complete: its checkpoint (manifest and
+safetensors weights, sha256 re-checked), a model card built from its rows, the linear heads its
+rows attacked, and the rows themselves (with the random-init controls' rows, which the leaderboard
+shows beside them), into ``files/published/<zoo>/`` of the package; and ``coverage.json``, the
+presets and seeds the set covers, so that a preset added later reads as "not published yet"
+instead of a missing model (see :mod:`.published`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .eval.cards import card_of_rows, write_card
+from .eval.heads import HEADS_DIR, head_key, head_path
+from .eval.rows import ResultRow, load_rows, write_row
+from .io import sha256_file, write_json_atomic
+from .models.checkpoint import WEIGHTS, read_manifest
+from .packaged import published_dir
+from .pipeline import control_id, expected_rows
+from .published import CARD, MODELS_DIR
+from .zoo import ZooEntry, checkpoint_dir
+
+#: Written into every card of a published zoo model.
+AUTHORS = "robustbench-nacl (trained from the shipped zoo manifests)"
+
+
+def _entry_rows(rows: list[ResultRow], checkpoint_id: str, entry: ZooEntry) -> list[ResultRow]:
+    mine = [r for r in rows if r["checkpoint_id"] == checkpoint_id]
+    if len(mine) < expected_rows(entry):
+        raise UserError(
+            f"{checkpoint_id}: {len(mine)} of {expected_rows(entry)} rows under the board; run "
+            "`zoo run` to finish it before publishing"
+        )
+    return mine
+
+
+def _copy_heads(rows: list[ResultRow], board: Path, target: Path) -> None:
+    keys = {
+        head_key(r["checkpoint_sha256"], r["setting"], r["dataset"], dict(r["probe_config"])) for r in rows
+    }
+    for key in sorted(keys):
+        src = head_path(board / HEADS_DIR, key)
+        if not src.is_file():
+            raise UserError(f"{src} is missing: re-evaluate with `zoo eval` (it saves the fitted heads)")
+        shutil.copyfile(src, head_path(target / HEADS_DIR, key))
+
+
+def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: Path) -> dict[str, Any]:
+    """Copy one entry's checkpoint and write its card; returns the card."""
+    src = checkpoint_dir(entry, ckpts)
+    manifest = read_manifest(src)
+    sha = sha256_file(src / manifest["weights"])
+    if sha != manifest["weights_sha256"]:
+        raise UserError(f"{src}: the weights do not match their manifest; retrain {entry.id}")
+    dest = target / MODELS_DIR / entry.id
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / manifest["weights"], dest / WEIGHTS)
+    write_json_atomic(dest / "manifest.json", {**manifest, "weights": WEIGHTS})
+    reported = json.loads((published_dir() / "paper_reported.json").read_text()).get(entry.loss, [])
+    card = card_of_rows(rows, name=entry.id, authors=AUTHORS, venue="", link=None, paper_reported=reported)
+    write_card(dest / CARD, card)
+    return card
+
+
+def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, name: str) -> Path:
+    """Publish every entry (and its control's rows) into the package's ``files/published/<name>``."""
+    target, board = published_dir() / name, Path(board)
+    all_rows = load_rows(board)
+    (target / HEADS_DIR).mkdir(parents=True, exist_ok=True)
+    keep: list[ResultRow] = []
+    for e in entries:
+        rows = _entry_rows(all_rows, e.id, e)
+        if rows[0]["checkpoint_sha256"] != sha256_file(checkpoint_dir(e, ckpts) / WEIGHTS):
+            raise UserError(
+                f"the rows of {e.id} were measured on other weights than {checkpoint_dir(e, ckpts)}"
+            )
+        publish_model(e, Path(ckpts), rows, target)
+        keep += rows
+    for cid in sorted({control_id(e) for e in entries}):
+        keep += [r for r in all_rows if r["checkpoint_id"] == cid]
+    _copy_heads(keep, board, target)
+    for r in keep:  # the path of the machine that measured them means nothing to a reader
+        write_row(
+            target, ResultRow.from_json({**r.to_json(), "checkpoint": f"{MODELS_DIR}/{r['checkpoint_id']}"})
+        )
+    cover = {
+        "zoo": name,
+        "presets": sorted({e.loss for e in entries}),
+        "seeds": sorted({e.seed for e in entries}),
+        "models": sorted(e.id for e in entries),
+    }
+    write_json_atomic(target / "coverage.json", cover)
+    print(json.dumps({"published": len(entries), "rows": len(keep), "into": str(target)}))
+    return target

@@ -1,0 +1,193 @@
+"""Verify an outside author's submission (``zoo verify-submission DIR``; CONTRIBUTING.md).
+
+A submission folder holds ``card.json`` (its model card), ``checkpoint/`` (the ``manifest.json``
+and ``weights.safetensors`` that ``train`` wrote; the weights may instead be downloaded from the
+card's ``weights_url``), ``rows/`` (its result rows under the reference protocol) and ``heads/``
+(the linear heads its rows attacked: ``eval --save-heads``). The check: the card names the
+weights' sha256, every row was measured on those weights and is consistent with its own
+per-example bits, and the rows of a sample of settings (in-domain first) are recomputed from the
+weights and heads and compared example by example: clean outcomes exactly, attacked outcomes
+within ``tolerance`` per 200 examples (0 by default: exact).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import UserError
+from .eval.benchmark import decode_bits
+from .eval.cards import card_schema
+from .eval.rows import ResultRow, load_rows, write_row
+from .io import sha256_file
+from .models.checkpoint import WEIGHTS, read_manifest
+
+Group = tuple[str, str]  # (setting, dataset)
+
+
+@dataclass
+class SubmissionReport:
+    """What the check found: one line per step, and the failures (the first one names the row)."""
+
+    lines: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    summary: str = ""
+
+
+def _read_card(folder: Path) -> dict[str, Any]:
+    import json
+
+    path = folder / "card.json"
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: no readable model card ({' '.join(str(e).split())[:100]})") from None
+    try:
+        import jsonschema
+    except ImportError:  # the schema check needs jsonschema; the fields the check uses are read below
+        return card
+    errors = sorted(jsonschema.Draft202012Validator(card_schema()).iter_errors(card), key=str)
+    if errors:
+        where = "/".join(map(str, errors[0].absolute_path)) or "the card"
+        raise UserError(f"{path}: {where}: {' '.join(errors[0].message.split())[:160]}")
+    return card
+
+
+def _weights(folder: Path, card: dict[str, Any]) -> Path:
+    """The submission's checkpoint folder, with its weights (downloaded from weights_url if absent)."""
+    ckpt = folder / "checkpoint"
+    manifest = read_manifest(ckpt)
+    path = ckpt / manifest["weights"]
+    if not path.is_file() and card.get("weights_url"):
+        from .published import _download, cache_dir
+
+        cached = cache_dir() / str(card["weights_sha256"]) / "checkpoint"
+        cached.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ckpt / "manifest.json", cached / "manifest.json")
+        if not (cached / manifest["weights"]).is_file():
+            _download(str(card["weights_url"]), cached / manifest["weights"])
+        ckpt, path = cached, cached / manifest["weights"]
+    if not path.is_file():
+        raise UserError(f"{path} is missing and the card has no weights_url: add the weights or their URL")
+    return ckpt
+
+
+def _consistent(row: ResultRow) -> str | None:
+    """Why a row disagrees with its own bits (None when it agrees)."""
+    n = int(row["n_examples_evaluated"])
+    clean, robust = decode_bits(row["clean_bits"], n), decode_bits(row["robust_bits"], n)
+    if (robust & ~clean).any():
+        return "an example is robust but not clean-correct"
+    if abs(row["clean_acc"] - clean.mean()) > 1e-9 or abs(row["robust_acc"] - robust.mean()) > 1e-9:
+        return "its accuracies are not those of its per-example bits"
+    return None
+
+
+def _sample(groups: list[Group], k: int, seed: str) -> list[Group]:
+    first = [g for g in groups if g[0] == "in-domain"][:1]
+    rest = [g for g in groups if g not in first]
+    return first + random.Random(seed).sample(rest, max(0, min(k - len(first), len(rest))))
+
+
+def _recompute(ckpt: Path, folder: Path, rows: list[ResultRow], chosen: list[Group], device: str) -> Path:
+    """Evaluate the chosen settings into a fresh folder that already holds the other rows (so only
+    the chosen ones are computed); returns that folder."""
+    from .attack.suites import load_suite
+    from .eval.evaluate import evaluate
+    from .eval.probe import ProbeConfig
+
+    first = rows[0]
+    suite = load_suite(first["suite"])
+    if suite.sha256 != first["suite_sha256"]:
+        raise UserError(
+            f"the rows' suite {first['suite']!r} is not this installation's: update robustbench-nacl"
+        )
+    out = Path(tempfile.mkdtemp(prefix="rbn-verify-"))
+    for r in rows:
+        if (r["setting"], r["dataset"]) not in chosen:
+            write_row(out, r)
+    indomain = [r["dataset"] for r in rows if r["setting"] == "in-domain"]
+    shifts = {r["shift"] for r in rows if r["setting"] == "shift" and (r["setting"], r["dataset"]) in chosen}
+    evaluate(
+        ckpt,
+        dataset=indomain[0] if indomain else first["pretrain_dataset"],
+        transfer=[d for s, d in chosen if s == "transfer"],
+        shift=sorted(shifts),
+        suite=suite,
+        out=out,
+        n_examples=first["n_examples"],
+        seed=first["seed"],
+        probe=ProbeConfig(**dict(first["probe_config"])),
+        heads=folder / "heads",
+        device=device,
+        progress=False,
+    )
+    return out
+
+
+def _compare(mine: ResultRow, theirs: ResultRow, tolerance: int) -> str | None:
+    """Why a recomputed row disagrees with the submitted one (None when it agrees)."""
+    n = int(theirs["n_examples_evaluated"])
+    label = (
+        f"row {theirs.row_id} ({theirs['setting']} {theirs['dataset']} {theirs['attack']} {theirs['norm']} "
+    )
+    label += f"eps {theirs['eps_label']})"
+    for kind, allowed in (("clean", 0), ("robust", tolerance * n // 200)):
+        a = decode_bits(mine[f"{kind}_bits"], n)
+        b = decode_bits(theirs[f"{kind}_bits"], n)
+        differ = np.flatnonzero(a != b)
+        if len(differ) > allowed:
+            shown = ", ".join(map(str, differ[:5].tolist()))
+            return f"{label}: {len(differ)} of {n} {kind} outcomes differ from the recomputed ones ({shown})"
+    return None
+
+
+def verify_submission(
+    folder: str | Path, *, settings: int = 2, tolerance: int = 0, device: str = "cpu"
+) -> SubmissionReport:
+    """Check a submission folder; the report's ``failures`` is empty when it is accepted."""
+    folder = Path(folder)
+    report = SubmissionReport()
+    card = _read_card(folder)
+    ckpt = _weights(folder, card)
+    sha = sha256_file(ckpt / WEIGHTS)
+    if sha != card["weights_sha256"]:
+        raise UserError(f"{ckpt / WEIGHTS}: sha256 {sha[:12]}... but the card says {card['weights_sha256']}")
+    rows = load_rows(folder)
+    if not rows:
+        raise UserError(f"{folder / 'rows'} holds no result rows: write them with `eval --out {folder}`")
+    report.lines.append(f"card ok; weights sha256 {sha[:12]}... match it; {len(rows)} rows")
+    for r in rows:
+        why = "measured on other weights" if r["checkpoint_sha256"] != sha else _consistent(r)
+        if why:
+            report.failures.append(f"row {r.row_id} ({r['setting']} {r['dataset']} {r['attack']}): {why}")
+    by_group: dict[Group, list[ResultRow]] = defaultdict(list)
+    for r in rows:
+        by_group[(r["setting"], r["dataset"])].append(r)
+    chosen = _sample(sorted(by_group), settings, sha)
+    out = _recompute(ckpt, folder, rows, chosen, device)
+    try:
+        recomputed = {r.row_id: r for r in load_rows(out) if (r["setting"], r["dataset"]) in chosen}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    for g in chosen:
+        for theirs in by_group[g]:
+            mine = recomputed.get(theirs.row_id)
+            why = (
+                f"row {theirs.row_id}: not reproduced under this installation's protocol"
+                if mine is None
+                else _compare(mine, theirs, tolerance)
+            )
+            if why:
+                report.failures.append(why)
+    n = sum(len(by_group[g]) for g in chosen)
+    report.lines.append(f"recomputed {n} rows of {len(chosen)} of {len(by_group)} settings: {chosen}")
+    report.summary = f"{n} recomputed rows agree example by example; {len(rows)} rows consistent"
+    return report
