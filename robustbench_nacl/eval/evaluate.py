@@ -38,6 +38,7 @@ from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
 from . import rows as results
 from .benchmark import WORST_CASE, benchmark
+from .finetune import AffConfig, AlfConfig, FinetuneConfig, fit_protocol, parse_protocols, run_key
 from .probe import ProbeConfig, fit_linear_probe
 from .rows import KEY_PARAMS, ROW_FORMAT, ResultRow
 
@@ -212,13 +213,16 @@ def _identity(
         "probe_config": asdict(kw["probe"]),
         "suite_sha256": suite.sha256,
         "attack_versions": kw["attack_versions"],
+        # ALF/AFF settings; SLF identities have no such key, so their ids are what they always were
+        **({results.FINETUNE: kw["finetune"]} if kw.get("finetune") else {}),
     }
 
 
 def expected_identities(setting: Setting, suite: Suite, **kw: Any) -> list[dict[str, Any]]:
     """Identities of every row a setting produces: one per (attack, eps), one worst case per (norm, eps).
 
-    ``kw``: sha, seed, n_examples, probe (a ProbeConfig with its seed resolved), attack_versions.
+    ``kw``: sha, seed, n_examples, probe (a ProbeConfig with its seed resolved), attack_versions,
+    and for ALF/AFF ``finetune`` (the protocol's ``identity()``; absent or None for SLF).
     """
     ids = [
         _identity(setting, suite, attack=s.name, norm=s.norm, params=dict(s.params), eps=e, **kw)
@@ -260,6 +264,7 @@ class _Job:
     batch_size: int | None
     device: torch.device
     progress: bool
+    finetune: FinetuneConfig | None = None  # ALF/AFF; None: SLF
 
 
 def evaluate(
@@ -283,6 +288,9 @@ def evaluate(
     data_root: str | None = None,
     progress: bool = True,
     name: str | None = None,
+    protocol: str | Sequence[str] = "slf",
+    alf: AlfConfig | None = None,
+    aff: AffConfig | None = None,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -293,9 +301,11 @@ def evaluate(
     untrained encoder of the same architecture instead (the random-initialisation control). Rows are
     written under ``out/rows/``; the returned list's ``summary`` says in one line how many were
     computed and how many already existed. ``probe.seed`` None (the default) means the evaluation
-    ``seed``.
+    ``seed``. ``protocol``: ``slf`` (the linear probe), ``alf``, ``aff`` or a comma list of them
+    (eval/finetune.py; ``alf``/``aff`` hold their settings); rows of each protocol are separate.
     """
     _check_args(n_examples, batch_size, probe)
+    configs = finetune_configs(protocol, alf, aff)
     refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(device)
     loaded_suite = load_suite(suite)
@@ -312,24 +322,55 @@ def evaluate(
     )
     kw = {"sha": base["checkpoint_sha256"], "seed": seed, "n_examples": n_examples, "probe": probe}
     kw["attack_versions"] = attack_versions(loaded_suite)
-    job = _Job(encoder, loaded_suite, base, kw, Path(out), batch_size, dev, progress)
-    plan = [(s, *_existing(job, s, force)) for s in settings_for(dataset, transfer, shift)]
+    settings = settings_for(dataset, transfer, shift)
+    all_rows: list[ResultRow] = []
+    computed = 0
+    for cfg in configs:  # one pass per protocol: SLF's identities carry no finetune field
+        pkw = {**kw, "finetune": cfg.identity()} if cfg is not None else kw
+        job = _Job(encoder, loaded_suite, base, pkw, Path(out), batch_size, dev, progress, cfg)
+        rows, n = _evaluate_job(job, settings, force=force, data_root=data_root)
+        all_rows += rows
+        computed += n
+    _rewrite_vanished(Path(out), all_rows)
+    summary = _summary(job, info, control, computed=computed, reused=len(all_rows) - computed)
+    return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
+
+
+def finetune_configs(
+    protocol: str | Sequence[str], alf: AlfConfig | None, aff: AffConfig | None
+) -> list[FinetuneConfig | None]:
+    """The configuration of each requested protocol (None for SLF), checked before any work."""
+    table: dict[str, FinetuneConfig | None] = {
+        "slf": None,
+        "alf": alf or AlfConfig(),
+        "aff": aff or AffConfig(),
+    }
+    out = [table[p] for p in parse_protocols(protocol)]
+    for cfg in out:
+        if cfg is not None:
+            cfg.check()
+    return out
+
+
+def _evaluate_job(
+    job: _Job, settings: list[Setting], *, force: bool, data_root: str | None
+) -> tuple[list[ResultRow], int]:
+    """The rows of every setting under one protocol, and how many of them were computed."""
+    plan = [(s, *_existing(job, s, force)) for s in settings]
     work = [s for s, ids, done in plan if len(done) < len(ids)]
     data = {s: _load(s, data_root) for s in work}  # a missing dataset fails before any row is written
     if work:
         check_writable_dir(job.out / results.ROWS_DIR)  # fail before probing and attacking
-    all_rows: list[ResultRow] = []
+    rows: list[ResultRow] = []
     computed = 0
-    desc = f"eval {base['checkpoint_id']}"
-    for setting, ids, done in tqdm(plan, desc=desc, disable=not progress or len(plan) < 2):
+    desc = f"eval {job.base['checkpoint_id']}" + (f" {job.finetune.protocol}" if job.finetune else "")
+    for setting, ids, done in tqdm(plan, desc=desc, disable=not job.progress or len(plan) < 2):
         if len(done) == len(ids):
-            all_rows += [done[r] for r in ids]  # already computed: nothing to do
+            rows += [done[r] for r in ids]  # already computed: nothing to do
             continue
-        all_rows += _run_setting(job, setting, data[setting], ids, keep=done)
+        rows += _run_setting(job, setting, data[setting], ids, keep=done)
         computed += len(ids) - len(done)
-    _rewrite_vanished(job.out, all_rows)
-    summary = _summary(job, info, control, computed=computed, reused=len(all_rows) - computed)
-    return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
+    return rows, computed
 
 
 def _load_source(
@@ -570,9 +611,9 @@ def _run_setting(
     x_test, y_test = test.x[:n], test.y[:n]  # the first n test examples: fixed and documented
     # Probing must never change the encoder: work on a copy so the caller's module is untouched too.
     before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
-    classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
+    classifier, probe_result, finetuned = _fit(job, setting, train, test)
     after = classifier.encoder.state_dict()
-    if any(not torch.equal(before[k], after[k]) for k in before):
+    if not isinstance(job.finetune, AffConfig) and any(not torch.equal(before[k], after[k]) for k in before):
         raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
     probe_s = time.perf_counter() - t0
     measured = benchmark(
@@ -597,6 +638,7 @@ def _run_setting(
         "device": device_name(job.device),
         "probe_wall_s": round(probe_s, 3),
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **finetuned,  # ALF/AFF: the protocol's settings (and AFF's weights sha256); SLF: nothing
     }
     written = []
     for r in measured:
@@ -609,6 +651,21 @@ def _run_setting(
         results.write_row(job.out, row)
         written.append(row)
     return written
+
+
+def _fit(
+    job: _Job, setting: Setting, train: ImageData, test: ImageData
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """The attacked classifier of a setting under the job's protocol, its clean metrics, row fields."""
+    encoder = copy.deepcopy(job.encoder)
+    if job.finetune is None:
+        return (*fit_linear_probe(encoder, train, test, job.kw["probe"]), {})
+    key = run_key(
+        job.finetune.identity(), sha=job.kw["sha"], dataset=setting.dataset, probe=asdict(job.kw["probe"])
+    )
+    return fit_protocol(
+        job.finetune, encoder, train, test, job.kw["probe"], out=job.out, key=key, progress=job.progress
+    )
 
 
 def _make_row(job: _Job, setting: Setting, r: dict[str, Any], shared: dict[str, Any]) -> ResultRow:

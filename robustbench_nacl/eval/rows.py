@@ -68,6 +68,8 @@ IDENTITY = (
     "suite_sha256",
     "attack_versions",
 )
+#: The finetuning protocol's settings (eval/finetune.py): an identity field only for ALF and AFF rows.
+FINETUNE = "finetune"
 
 
 def _hash(obj: Any, n: int = 24) -> str:
@@ -80,7 +82,10 @@ def row_id(identity: Mapping[str, Any]) -> str:
     if missing:
         raise ValueError(f"row identity lacks {missing}")
     # default=str: legacy identities may hold non-JSON values; new rows are plain JSON already
-    canon = json.dumps({k: identity[k] for k in IDENTITY}, sort_keys=True, separators=(",", ":"), default=str)
+    fields = {k: identity[k] for k in IDENTITY}
+    if identity.get(FINETUNE) is not None:  # ALF/AFF; an SLF row has no such key, so its id is unchanged
+        fields[FINETUNE] = identity[FINETUNE]
+    canon = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canon.encode()).hexdigest()[:24]
 
 
@@ -93,7 +98,7 @@ def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """What must be equal for two rows to be ranked in one table (see docs/decisions.md,
     'Result rows, recipes and protocols'). The probe seed is not part of it: seeds are runs."""
     probe = {k: v for k, v in dict(row["probe_config"]).items() if k != "seed"}
-    return {
+    out = {
         "dataset": row["dataset"],
         "setting": row["setting"],
         "suite_sha256": row["suite_sha256"],
@@ -101,6 +106,15 @@ def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
         "n_examples": row["n_examples"],
         "attack_versions": dict(row["attack_versions"]),
     }
+    if row.get(FINETUNE) is not None:  # ALF/AFF and their settings; SLF (no key) hashes as before
+        out[FINETUNE] = dict(row[FINETUNE])
+    return out
+
+
+def protocol_name(row: Mapping[str, Any]) -> str:
+    """The row's finetuning protocol: ``slf`` (no ``finetune`` field), ``alf`` or ``aff``."""
+    ft = row.get(FINETUNE)
+    return str(ft.get("protocol", "?")) if isinstance(ft, Mapping) else "slf"
 
 
 def protocol_id(row: Mapping[str, Any]) -> str:
@@ -276,6 +290,8 @@ def _check_types(d: Mapping[str, Any], where: str) -> None:
     for k in _DICT:
         if not isinstance(d[k], Mapping):
             raise UserError(f"{where}: {k} must be a JSON object, got {d[k]!r}")
+    if d.get(FINETUNE) is not None and not isinstance(d[FINETUNE], Mapping):
+        raise UserError(f"{where}: {FINETUNE} must be a JSON object or absent, got {d[FINETUNE]!r}")
 
 
 def _check_ids(d: Mapping[str, Any], where: str) -> None:
