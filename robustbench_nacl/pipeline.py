@@ -120,8 +120,22 @@ def eval_entry(
         device=device,
         control=control,
         progress=progress,
+        protocol=ev.get("protocol", "slf"),
     )
     return len(rows)
+
+
+def with_protocol(entries: list[ZooEntry], protocol: str) -> list[ZooEntry]:
+    """The entries evaluated under ``protocol`` (``slf``, ``alf``, ``aff`` or a comma list), each
+    finetuning protocol with its literature defaults. SLF alone leaves the entries as they are."""
+    import dataclasses
+
+    from .eval.finetune import parse_protocols
+
+    names = parse_protocols(protocol)
+    if names == ["slf"]:
+        return entries
+    return [dataclasses.replace(e, eval={**e.eval, "protocol": ",".join(names)}) for e in entries]
 
 
 def control_id(entry: ZooEntry) -> str:
@@ -142,12 +156,14 @@ def expected_rows(entry: ZooEntry) -> int:
     """The rows a complete evaluation of ``entry`` writes: settings x ((attack, eps) + worst cases)."""
     from .attack.suites import load_suite
     from .eval.evaluate import settings_for
+    from .eval.finetune import parse_protocols
 
     ev = entry.eval
     suite = load_suite(ev.get("suite", "paper"))
     worst_cases = {(s.norm, e) for s in suite.attacks for e in s.eps}
     per_setting = sum(len(s.eps) for s in suite.attacks) + len(worst_cases)
-    return len(settings_for(entry.dataset, ev.get("transfer"), ev.get("shift"))) * per_setting
+    protocols = len(parse_protocols(ev.get("protocol", "slf")))
+    return len(settings_for(entry.dataset, ev.get("transfer"), ev.get("shift"))) * per_setting * protocols
 
 
 def rows_done(out: str | Path) -> dict[str, int]:
