@@ -19,6 +19,8 @@ from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.finetune import AffConfig, AlfConfig
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.rows import protocol_name
+from robustbench_nacl.report import protocols
+from robustbench_nacl.report.leaderboard import render_leaderboard
 
 SUITE = {
     "name": "ft-test",
@@ -184,6 +186,17 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
     # another ALF setting is another protocol
     other = evaluate(_encoder(), out=tmp_path / "all", protocol="alf", alf=AlfConfig(**small, eps=0.05), **kw)
     assert other[0]["protocol_id"] != by["alf"][0]["protocol_id"]
+    # the leaderboard: one table per protocol, plus SLF / ALF / AFF side by side and their figure
+    files = render_leaderboard(list(rows), tmp_path / "board")
+    page = files["LEADERBOARD.md"].read_text()
+    side = page.split("## Finetuning protocols side by side", 1)[1].split("## Figures", 1)[0]
+    assert "| SLF clean | SLF worst case@0.1" in side and "AFF worst case@0.1" in side
+    line = next(x for x in side.splitlines() if x.startswith("| Sequential"))
+    want = [f"{100 * by[p][i]['clean_acc' if i == 0 else 'robust_acc']:.1f}" for p in by for i in (0, 1)]
+    assert [c.split()[0] for c in line.strip("| ").split(" | ")[1:]] == want
+    assert page.count("ranked by") >= 3 and protocols.FIGURE in files
+    slf_page = render_leaderboard(list(slf_only), tmp_path / "board-slf")["LEADERBOARD.md"].read_text()
+    assert "side by side" not in slf_page and not (tmp_path / "board-slf" / protocols.FIGURE).exists()
     again = evaluate(
         _encoder(),
         out=tmp_path / "all",
