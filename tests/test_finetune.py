@@ -20,6 +20,7 @@ from robustbench_nacl.eval.finetune import AffConfig, AlfConfig
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.rows import protocol_name
 from robustbench_nacl.report import protocols
+from robustbench_nacl.report.compare import compare, format_compare
 from robustbench_nacl.report.leaderboard import render_leaderboard
 
 SUITE = {
@@ -197,6 +198,16 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
     assert page.count("ranked by") >= 3 and protocols.FIGURE in files
     slf_page = render_leaderboard(list(slf_only), tmp_path / "board-slf")["LEADERBOARD.md"].read_text()
     assert "side by side" not in slf_page and not (tmp_path / "board-slf" / protocols.FIGURE).exists()
+    # compare: per protocol (the other family's SLF and ALF rows each against Sequential's, never across)
+    kw2 = dict(protocol="slf,alf", alf=AlfConfig(**small), name="other", **kw)
+    more = [*rows, *evaluate(_encoder(1), out=tmp_path / "all", **kw2)]
+    result = compare(more, "Sequential")
+    assert {c.protocol_id for c in result.comparisons} == {
+        by["slf"][0]["protocol_id"],
+        by["alf"][0]["protocol_id"],
+    }
+    text = format_compare(result)
+    assert "| protocol" in text and "| ALF " in text and "| SLF " in text
     again = evaluate(
         _encoder(),
         out=tmp_path / "all",
