@@ -27,6 +27,7 @@ FIGURES = {
     "peak_rss_mb": "peak_rss_mb",
     "channels_last": "channels_last",
     "gpu_epoch": "gpu_epoch",
+    "finetune_cost": "finetune_cost",
 }
 
 

@@ -30,7 +30,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..attack.attacks import input_grad, project
+from ..attack.attacks import input_grad
 from ..data.datasets import ImageData
 from ..errors import UserError
 from ..io import atomic_open, canonical_json, sha256_bytes, write_bytes_atomic
@@ -174,11 +174,18 @@ def pgd_training_examples(
     cross-entropy, projection onto ball and [0,1]. Every example is attacked for every step (no
     early stop: a training adversary, unlike the evaluation's). ``model`` is used as it is (eval)."""
     noise = torch.rand(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    lo, hi = _box(x, eps)
     x_adv = (x + (noise * 2 - 1) * eps).clamp(0.0, 1.0)
     for _ in range(steps):
         g, _ = input_grad(model, x_adv, y)
-        x_adv = project(x, x_adv + step_size * g.sign(), eps)
+        x_adv = torch.clamp(x_adv + step_size * g.sign(), lo, hi)
     return x_adv
+
+
+def _box(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The Linf ball around ``x`` intersected with [0,1], as per-pixel bounds: one clamp per step
+    projects onto it (the same values as clipping to the ball, then to [0,1])."""
+    return (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
 
 
 def trades_examples(
@@ -195,13 +202,14 @@ def trades_examples(
     ``KL(p_nat || p(x_adv))`` (summed), projection onto ball and [0,1]. ``p_nat``: the clean
     probabilities of the same model (eval mode), a constant."""
     x_adv = x + 0.001 * torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    lo, hi = _box(x, eps)
     for _ in range(steps):
         x_adv = x_adv.detach().requires_grad_(True)
         with torch.enable_grad():
             kl = F.kl_div(F.log_softmax(model(x_adv), dim=1), p_nat, reduction="sum")
             (g,) = torch.autograd.grad(kl, x_adv)
-        x_adv = project(x, x_adv + step_size * g.sign(), eps)
-    return x_adv
+        x_adv = torch.clamp(x_adv.detach() + step_size * g.sign(), lo, hi)
+    return x_adv.detach()
 
 
 def trades_loss(model: nn.Module, x: Tensor, x_adv: Tensor, y: Tensor, beta: float) -> Tensor:
