@@ -231,3 +231,20 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
 def test_cli_protocol_errors_are_one_line_exit_2(args, fragment, capsys, tmp_path) -> None:
     rc, _, err = cli(["eval", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), *args], capsys)
     one_line_error(rc, err, fragment, command="eval")
+
+
+def test_zoo_entries_carry_the_protocol_and_expect_its_rows() -> None:
+    from robustbench_nacl.pipeline import expected_rows, with_protocol
+    from robustbench_nacl.zoo import demo_zoo
+
+    entries = demo_zoo()[:2]
+    assert with_protocol(entries, "slf") == entries  # SLF: the manifests as they are
+    three = with_protocol(entries, "aff,slf,alf")
+    assert [e.eval["protocol"] for e in three] == ["aff,slf,alf"] * 2
+    assert [expected_rows(e) for e in three] == [3 * expected_rows(e) for e in entries]
+
+
+@pytest.mark.parametrize("command", [["demo"], ["zoo", "run"], ["zoo", "eval"]])
+def test_protocol_flag_of_demo_and_zoo_rejects_unknown_names(command, capsys) -> None:
+    rc, _, err = cli([*command, "--protocol", "alf,xyz"], capsys)
+    one_line_error(rc, err, "protocol 'xyz'", command=command[0])
