@@ -191,7 +191,10 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
     files = render_leaderboard(list(rows), tmp_path / "board")
     page = files["LEADERBOARD.md"].read_text()
     side = page.split("## Finetuning protocols side by side", 1)[1].split("## Figures", 1)[0]
-    assert "| SLF clean | SLF worst case@0.1" in side and "AFF worst case@0.1" in side
+    assert (
+        "| SLF clean | SLF worst case@0.1" in side
+        and "| AFF (epochs 1, batch_size 20, steps 1) clean" in side
+    )
     line = next(x for x in side.splitlines() if x.startswith("| Sequential"))
     want = [f"{100 * by[p][i]['clean_acc' if i == 0 else 'robust_acc']:.1f}" for p in by for i in (0, 1)]
     assert [c.split()[0] for c in line.strip("| ").split(" | ")[1:]] == want
