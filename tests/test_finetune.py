@@ -251,3 +251,29 @@ def test_zoo_entries_carry_the_protocol_and_expect_its_rows() -> None:
 def test_protocol_flag_of_demo_and_zoo_rejects_unknown_names(command, capsys) -> None:
     rc, _, err = cli([*command, "--protocol", "alf,xyz"], capsys)
     one_line_error(rc, err, "protocol 'xyz'", command=command[0])
+
+
+def test_evaluate_resumes_a_killed_aff_run_to_the_same_weights(tmp_path, monkeypatch) -> None:
+    kw = dict(dataset="digits:0-4", suite=SUITE, n_examples=8, probe=ProbeConfig(epochs=1, max_train=40))
+    kw.update(protocol="aff", aff=AffConfig(epochs=2, batch_size=20, steps=1), progress=False)
+    want = evaluate(_encoder(), out=tmp_path / "a", **kw)[0]["finetuned_sha256"]
+    calls, real = {"n": 0}, ft.trades_loss
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the first batch of epoch 2
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(ft, "trades_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(_encoder(), out=tmp_path / "b", **kw)
+    assert not list((tmp_path / "b").glob("rows/*.json"))  # no half-finished rows
+    monkeypatch.setattr(ft, "trades_loss", real)
+    calls["n"] = 0
+    monkeypatch.setattr(
+        ft, "trades_loss", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1]
+    )
+    rows = evaluate(_encoder(), out=tmp_path / "b", **kw)
+    assert calls["n"] == 2  # only epoch 2 was trained again
+    assert rows[0]["finetuned_sha256"] == want
