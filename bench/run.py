@@ -29,6 +29,7 @@ FIGURES = {
     "channels_last": "channels_last",
     "gpu_epoch": "gpu_epoch",
     "adv_step_cost": "adv_step_cost",
+    "finetune_cost": "finetune_cost",
 }
 
 

@@ -486,6 +486,7 @@ def _resolve_transfer(args: argparse.Namespace) -> str | None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from .eval.evaluate import evaluate
+    from .eval.finetune import AffConfig, AlfConfig
     from .eval.probe import ProbeConfig
 
     refuse_reference_dir(args.out)
@@ -513,6 +514,9 @@ def run_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         data_root=args.data_root,
         progress=not args.no_progress,
+        protocol=args.protocol,
+        alf=AlfConfig(**config_values(AlfConfig, args, prefix="alf-")),
+        aff=AffConfig(**config_values(AffConfig, args, prefix="aff-")),
     )
     _print_rows(rows)
     # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
@@ -633,6 +637,30 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", default=None)
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
+    _protocol_arg(p)
+    from .eval.finetune import AffConfig, AlfConfig
+
+    add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
+    add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")
+
+
+def _protocol_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--protocol",
+        default="slf",
+        type=_protocols,
+        help="finetuning protocol(s): slf (linear probe on clean features), alf (adversarial linear), "
+        "aff (adversarial full, TRADES), or a comma list, e.g. slf,alf,aff (default: %(default)s)",
+    )
+
+
+def _protocols(text: str) -> str:
+    from .eval.finetune import parse_protocols
+
+    try:
+        return ",".join(parse_protocols(text))
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # ============ leaderboard / zoo / demo ============
@@ -1000,8 +1028,10 @@ def _zoo_verify_submission(args: argparse.Namespace) -> int:
 
 def _zoo_entries(args: argparse.Namespace) -> list[Any]:
     from . import zoo
+    from .pipeline import with_protocol
 
-    return [zoo.find_entry(i) for i in args.ids] if args.ids else zoo.load_zoo(args.zoo)
+    entries = [zoo.find_entry(i) for i in args.ids] if args.ids else zoo.load_zoo(args.zoo)
+    return with_protocol(entries, getattr(args, "protocol", "slf"))
 
 
 _ZOO_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -1050,6 +1080,7 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
         help="train/eval/run on the local pool: worker processes (default: 1)",
     )
     p.add_argument("--no-controls", action="store_true", help="eval/run: no random-init controls")
+    _protocol_arg(p)
     p.add_argument(
         "--rank-by",
         default=None,
@@ -1163,6 +1194,7 @@ def run_demo(args: argparse.Namespace) -> int:
         device=args.device,
         workers=args.workers,
         command=_command_line(args),
+        protocol=args.protocol,
     )
     return 0
 
@@ -1178,6 +1210,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=int, default=None, help="parallel worker processes (default: min(2, cores))"
     )
+    _protocol_arg(p)
 
 
 # ============ entry point ============

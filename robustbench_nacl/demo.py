@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserError
-from .pipeline import run_entries
+from .pipeline import run_entries, with_protocol
 from .registry import Registry
 from .zoo import ZooEntry, demo_zoo, expected_id
 
@@ -120,10 +120,12 @@ def run_demo(
     workers: int | None = None,
     progress: bool = True,
     command: str | None = None,
+    protocol: str = "slf",
 ) -> dict[str, Path]:
     """Train the demo zoo, evaluate every entry plus a random-init control, render the leaderboard.
 
-    ``command`` is the command line recorded in the leaderboard (default: ``robustbench-nacl demo``).
+    ``command`` is the command line recorded in the leaderboard (default: ``robustbench-nacl demo``);
+    ``protocol``: the finetuning protocol(s), e.g. ``slf,alf,aff`` (eval/finetune.py).
     """
     from .eval.rows import load_rows
     from .report.leaderboard import render_leaderboard
@@ -135,7 +137,14 @@ def run_demo(
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
     t0 = time.perf_counter()
-    run = run_entries(demo_entries(plan), ckpts, base, workers=workers, device=device, progress=progress)
+    run = run_entries(
+        with_protocol(demo_entries(plan), protocol),
+        ckpts,
+        base,
+        workers=workers,
+        device=device,
+        progress=progress,
+    )
     t_train, t_eval = run.train_s, run.eval_s
 
     # ============ rendering the leaderboard ============

@@ -130,6 +130,7 @@ def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
         "shift": ev.get("shift"),
         "corruptions": ev.get("corruptions"),
         "severities": ev.get("severities"),
+        "protocol": ev.get("protocol", "slf"),
         "suite": ev.get("suite", "paper"),
         "n_examples": ev.get("n_examples"),
         "seed": entry.seed,
@@ -164,6 +165,19 @@ def eval_entry(
         **args,
     )
     return len(rows)
+
+
+def with_protocol(entries: list[ZooEntry], protocol: str) -> list[ZooEntry]:
+    """The entries evaluated under ``protocol`` (``slf``, ``alf``, ``aff`` or a comma list), each
+    finetuning protocol with its literature defaults. SLF alone leaves the entries as they are."""
+    import dataclasses
+
+    from .eval.finetune import parse_protocols
+
+    names = parse_protocols(protocol)
+    if names == ["slf"]:
+        return entries
+    return [dataclasses.replace(e, eval={**e.eval, "protocol": ",".join(names)}) for e in entries]
 
 
 def control_id(entry: ZooEntry) -> str:

@@ -40,6 +40,7 @@ from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions
 from . import rows as results
 from .benchmark import WORST_CASE, benchmark, derive_seed
+from .finetune import AffConfig, AlfConfig, FinetuneConfig, fit_protocol, parse_protocols, run_key
 from .heads import HEADS_DIR, head_key, load_head, save_head
 from .probe import ProbeConfig, ProbedClassifier, fit_linear_probe
 from .rows import KEY_PARAMS, ROW_FORMAT, ResultRow
@@ -239,6 +240,8 @@ def _identity(
         "suite_sha256": suite.sha256,
         "attack_versions": kw["attack_versions"],
         **_corruption_fields(setting),
+        # ALF/AFF settings; SLF identities have no such key, so their ids are what they always were
+        **({results.FINETUNE: kw["finetune"]} if kw.get("finetune") else {}),
     }
 
 
@@ -250,7 +253,8 @@ def _corruption_fields(setting: Setting) -> dict[str, Any]:
 def expected_identities(setting: Setting, suite: Suite, **kw: Any) -> list[dict[str, Any]]:
     """Identities of every row a setting produces: one per (attack, eps), one worst case per (norm, eps).
 
-    ``kw``: sha, seed, n_examples, probe (a ProbeConfig with its seed resolved), attack_versions.
+    ``kw``: sha, seed, n_examples, probe (a ProbeConfig with its seed resolved), attack_versions,
+    and for ALF/AFF ``finetune`` (the protocol's ``identity()``; absent or None for SLF).
     """
     ids = [
         _identity(setting, suite, attack=s.name, norm=s.norm, params=dict(s.params), eps=e, **kw)
@@ -283,6 +287,9 @@ def planned_identities(
     n_examples: int | None = None,
     seed: int = 0,
     probe: ProbeConfig | None = None,
+    protocol: str | Sequence[str] = "slf",
+    alf: AlfConfig | None = None,
+    aff: AffConfig | None = None,
     **_: Any,
 ) -> list[dict[str, Any]]:
     """Identities of every row ``evaluate(checkpoint, dataset=dataset, **kwargs)`` writes, computed
@@ -294,7 +301,11 @@ def planned_identities(
     loaded = load_suite(suite)
     kw = identity_fields(loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe)
     settings = settings_for(dataset, transfer, shift, corruptions, severities)
-    return [i for s in settings for i in expected_identities(s, loaded, **kw)]
+    out = []
+    for cfg in finetune_configs(protocol, alf, aff):  # as evaluate does: SLF has no finetune field
+        pkw = {**kw, "finetune": cfg.identity()} if cfg is not None else kw
+        out += [i for s in settings for i in expected_identities(s, loaded, **pkw)]
+    return out
 
 
 def random_init_like(encoder: nn.Module, info: dict[str, Any], seed: int) -> nn.Module:
@@ -327,9 +338,10 @@ class _Job:
     batch_size: int | None
     device: torch.device
     progress: bool
-    probes: dict[str, Any]  # dataset -> (classifier, probe result): corruption settings reuse it
+    probes: dict[str, Any]  # dataset -> (classifier, probe result, fields): corruption settings reuse it
     heads: Path | None = None  # a folder of fitted heads to reuse (published models ship theirs)
     save_heads: bool = False  # write each fitted head to out/heads/
+    finetune: FinetuneConfig | None = None  # ALF/AFF; None: SLF
 
 
 def evaluate(
@@ -357,6 +369,9 @@ def evaluate(
     name: str | None = None,
     heads: str | Path | None = None,
     save_heads: bool = False,
+    protocol: str | Sequence[str] = "slf",
+    alf: AlfConfig | None = None,
+    aff: AffConfig | None = None,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -371,8 +386,11 @@ def evaluate(
     (``severities``: ``"1-5"`` by default): the in-domain probe on corrupted test images. ``heads``
     is a folder of fitted linear heads (eval/heads.py): a setting whose head is there is attacked
     with it instead of refitting the probe; ``save_heads`` writes each fitted head to ``out/heads/``.
+    ``protocol``: ``slf`` (the linear probe), ``alf``, ``aff`` or a comma list of them
+    (eval/finetune.py; ``alf``/``aff`` hold their settings); rows of each protocol are separate.
     """
     _check_args(n_examples, batch_size, probe)
+    configs = finetune_configs(protocol, alf, aff)
     refuse_reference_dir(out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(device)
     loaded_suite = load_suite(suite)
@@ -390,27 +408,57 @@ def evaluate(
     kw = identity_fields(
         loaded_suite, sha=base["checkpoint_sha256"], seed=seed, n_examples=n_examples, probe=probe
     )
-    job = _Job(encoder, loaded_suite, base, kw, Path(out), batch_size, dev, progress, {})
-    job.heads, job.save_heads = (Path(heads) if heads else None), save_heads
     settings = settings_for(dataset, transfer, shift, corruptions, severities)
+    all_rows: list[ResultRow] = []
+    computed = 0
+    for cfg in configs:  # one pass per protocol: SLF's identities carry no finetune field
+        pkw = {**kw, "finetune": cfg.identity()} if cfg is not None else kw
+        job = _Job(encoder, loaded_suite, base, pkw, Path(out), batch_size, dev, progress, {}, finetune=cfg)
+        job.heads, job.save_heads = (Path(heads) if heads else None), save_heads
+        rows, n = _evaluate_job(job, settings, force=force, data_root=data_root)
+        all_rows += rows
+        computed += n
+    _rewrite_vanished(Path(out), all_rows)
+    summary = _summary(job, info, control, computed=computed, reused=len(all_rows) - computed)
+    return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
+
+
+def finetune_configs(
+    protocol: str | Sequence[str], alf: AlfConfig | None, aff: AffConfig | None
+) -> list[FinetuneConfig | None]:
+    """The configuration of each requested protocol (None for SLF), checked before any work."""
+    table: dict[str, FinetuneConfig | None] = {
+        "slf": None,
+        "alf": alf or AlfConfig(),
+        "aff": aff or AffConfig(),
+    }
+    out = [table[p] for p in parse_protocols(protocol)]
+    for cfg in out:
+        if cfg is not None:
+            cfg.check()
+    return out
+
+
+def _evaluate_job(
+    job: _Job, settings: list[Setting], *, force: bool, data_root: str | None
+) -> tuple[list[ResultRow], int]:
+    """The rows of every setting under one protocol, and how many of them were computed."""
     plan = [(s, *_existing(job, s, force)) for s in settings]
     work = [s for s, ids, done in plan if len(done) < len(ids)]
     data = {s: _load(s, data_root) for s in work}  # a missing dataset fails before any row is written
     if work:
         check_writable_dir(job.out / results.ROWS_DIR)  # fail before probing and attacking
-    all_rows: list[ResultRow] = []
+    rows: list[ResultRow] = []
     computed = 0
-    desc = f"eval {base['checkpoint_id']}"
-    for setting, ids, done in tqdm(plan, desc=desc, disable=not progress or len(plan) < 2):
+    desc = f"eval {job.base['checkpoint_id']}" + (f" {job.finetune.protocol}" if job.finetune else "")
+    for setting, ids, done in tqdm(plan, desc=desc, disable=not job.progress or len(plan) < 2):
         if len(done) == len(ids):
-            all_rows += [done[r] for r in ids]  # already computed: nothing to do
+            rows += [done[r] for r in ids]  # already computed: nothing to do
             continue
-        rows, n = _compute_locked(job, setting, data[setting], force)
-        all_rows += rows
+        done_rows, n = _compute_locked(job, setting, data[setting], force)
+        rows += done_rows
         computed += n
-    _rewrite_vanished(job.out, all_rows)
-    summary = _summary(job, info, control, computed=computed, reused=len(all_rows) - computed)
-    return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
+    return rows, computed
 
 
 def _load_source(
@@ -672,7 +720,7 @@ def _run_setting(
     if setting.corruption:
         seed = derive_seed(job.kw["seed"], "corruption", setting.corruption, setting.severity)
         x_test = corrupt(x_test, setting.corruption, int(setting.severity or 1), seed)
-    classifier, probe_result = _probe(job, setting, train, test)
+    classifier, probe_result, finetuned = _fit(job, setting, train, test)
     probe_s = time.perf_counter() - t0
     measured = benchmark(
         classifier,
@@ -696,6 +744,7 @@ def _run_setting(
         "device": device_name(job.device),
         "probe_wall_s": round(probe_s, 3),
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **finetuned,  # ALF/AFF: the protocol's settings (and AFF's weights sha256); SLF: nothing
     }
     written = []
     for r in measured:
@@ -710,29 +759,56 @@ def _run_setting(
     return written
 
 
-def _probe(job: _Job, setting: Setting, train: ImageData, test: ImageData) -> tuple[nn.Module, Any]:
-    """The probed classifier of a setting's dataset: fitted once per dataset in this evaluation (a
-    corruption setting tests the in-domain probe on corrupted images; the fit is deterministic), or
-    a stored head when ``job.heads`` has one."""
-    if setting.name in ("in-domain", "corruption") and setting.dataset in job.probes:
+def _fit(
+    job: _Job, setting: Setting, train: ImageData, test: ImageData
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """The attacked classifier of a setting under the job's protocol, its clean metrics, row fields.
+
+    Fitted once per dataset in this evaluation: a corruption setting attacks the in-domain classifier
+    on corrupted test images (every fit is deterministic, so this changes no number, only the time).
+    """
+    shared = setting.name in ("in-domain", "corruption")  # only these share a classifier: hold no other
+    if shared and setting.dataset in job.probes:
         return job.probes[setting.dataset]
+    if job.finetune is None:
+        fitted = (*_probe(job, setting, train, test), {})
+    else:
+        encoder = copy.deepcopy(job.encoder)
+        before = {k: v.clone() for k, v in encoder.state_dict().items()}
+        key = run_key(
+            job.finetune.identity(), sha=job.kw["sha"], dataset=setting.dataset, probe=asdict(job.kw["probe"])
+        )
+        fitted = fit_protocol(
+            job.finetune, encoder, train, test, job.kw["probe"], out=job.out, key=key, progress=job.progress
+        )
+        if not isinstance(job.finetune, AffConfig):  # ALF trains the head only: the encoder stays as it was
+            _check_unchanged(before, fitted[0].encoder)
+    if shared:
+        job.probes[setting.dataset] = fitted
+    return fitted
+
+
+def _check_unchanged(before: dict[str, torch.Tensor], encoder: nn.Module) -> None:
+    """Probing must never change the encoder (BatchNorm statistics included)."""
+    after = encoder.state_dict()
+    if any(not torch.equal(before[k], after[k]) for k in before):
+        raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
+
+
+def _probe(job: _Job, setting: Setting, train: ImageData, test: ImageData) -> tuple[nn.Module, Any]:
+    """The linear probe of a setting (SLF): a stored head when ``job.heads`` has one, else fitted (on a
+    copy of the encoder, so the caller's module is untouched too)."""
     name = "in-domain" if setting.name == "corruption" else setting.name  # the same probe, the same head
     key = head_key(job.kw["sha"], name, setting.dataset, asdict(job.kw["probe"]))
     stored = load_head(job.heads, key) if job.heads else None
     if stored is not None:
         head, probe_result = stored
-        classifier = ProbedClassifier(copy.deepcopy(job.encoder), head.to(job.device))
-    else:
-        # Probing must never change the encoder: work on a copy so the caller's module is untouched too.
-        before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
-        classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
-        after = classifier.encoder.state_dict()
-        if any(not torch.equal(before[k], after[k]) for k in before):
-            raise RuntimeError("the encoder changed during probing (BatchNorm statistics?)")
-        if job.save_heads:
-            save_head(job.out / HEADS_DIR, key, classifier.head, probe_result)
-    if setting.name in ("in-domain", "corruption"):  # only these share a probe: hold no other
-        job.probes[setting.dataset] = (classifier, probe_result)
+        return ProbedClassifier(copy.deepcopy(job.encoder), head.to(job.device)), probe_result
+    before = {k: v.clone() for k, v in job.encoder.state_dict().items()}
+    classifier, probe_result = fit_linear_probe(copy.deepcopy(job.encoder), train, test, job.kw["probe"])
+    _check_unchanged(before, classifier.encoder)
+    if job.save_heads:
+        save_head(job.out / HEADS_DIR, key, classifier.head, probe_result)
     return classifier, probe_result
 
 

@@ -68,9 +68,11 @@ IDENTITY = (
     "suite_sha256",
     "attack_versions",
 )
-# Identity fields only some rows have (corruption rows): part of the id where present, so that every
-# other row keeps the id it always had.
-OPTIONAL_IDENTITY = ("corruption", "severity")
+#: The finetuning protocol's settings (eval/finetune.py): an identity field only for ALF and AFF rows.
+FINETUNE = "finetune"
+# Identity fields only some rows have (corruption rows, ALF/AFF rows): part of the id where present,
+# so that every other row (SLF, the other settings) keeps the id it always had.
+OPTIONAL_IDENTITY = ("corruption", "severity", FINETUNE)
 
 
 def _hash(obj: Any, n: int = 24) -> str:
@@ -98,7 +100,7 @@ def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """What must be equal for two rows to be ranked in one table (see docs/decisions.md,
     'Result rows, recipes and protocols'). The probe seed is not part of it: seeds are runs."""
     probe = {k: v for k, v in dict(row["probe_config"]).items() if k != "seed"}
-    return {
+    out = {
         "dataset": row["dataset"],
         "setting": row["setting"],
         "suite_sha256": row["suite_sha256"],
@@ -107,6 +109,15 @@ def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
         "attack_versions": dict(row["attack_versions"]),
         **{k: row[k] for k in OPTIONAL_IDENTITY if row.get(k) is not None},
     }
+    if row.get(FINETUNE) is not None:  # ALF/AFF and their settings; SLF (no key) hashes as before
+        out[FINETUNE] = dict(row[FINETUNE])
+    return out
+
+
+def protocol_name(row: Mapping[str, Any]) -> str:
+    """The row's finetuning protocol: ``slf`` (no ``finetune`` field), ``alf`` or ``aff``."""
+    ft = row.get(FINETUNE)
+    return str(ft.get("protocol", "?")) if isinstance(ft, Mapping) else "slf"
 
 
 def protocol_id(row: Mapping[str, Any]) -> str:
@@ -282,6 +293,8 @@ def _check_types(d: Mapping[str, Any], where: str) -> None:
     for k in _DICT:
         if not isinstance(d[k], Mapping):
             raise UserError(f"{where}: {k} must be a JSON object, got {d[k]!r}")
+    if d.get(FINETUNE) is not None and not isinstance(d[FINETUNE], Mapping):
+        raise UserError(f"{where}: {FINETUNE} must be a JSON object or absent, got {d[FINETUNE]!r}")
 
 
 def _check_ids(d: Mapping[str, Any], where: str) -> None:

@@ -365,8 +365,15 @@ def build_tables(entries: list[Entry]) -> list[Table]:
 def _protocol_view(entries: list[Entry]) -> dict[tuple[str, ...], str]:
     """A table's protocol as display leaves (dataset left out: the shift variants differ in it)."""
     e = entries[0]
-    leaves = _leaves({k: v for k, v in e.protocol.items() if k not in ("dataset", "setting")})
+    leaves = _leaves({k: v for k, v in e.protocol.items() if k not in ("dataset", "setting", "finetune")})
     out = {p: _fmt_value(v) for p, v in leaves.items()}
+    # the finetuning protocol as one leaf ("SLF", or "ALF (eps 0.0314, steps 10, ...)"): shown only
+    # where tables differ in it, so SLF-only leaderboards render as before
+    ft = e.protocol.get("finetune") or {}
+    settings = ", ".join(
+        f"{k} {_fmt_value(v)}" for k, v in sorted(ft.items()) if k != "protocol" and v is not None
+    )
+    out[("protocol",)] = f"{str(ft.get('protocol', 'slf')).upper()}" + (f" ({settings})" if settings else "")
     suites = sorted({str(r.get("suite") or "?") for x in entries for r in x.rows})
     out[("suite_sha256",)] = f"`{'/'.join(suites)}` (sha256 `{e.protocol['suite_sha256'][:12]}`)"
     return out

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..eval.benchmark import decode_bits
-from ..eval.rows import SETTINGS
+from ..eval.rows import SETTINGS, protocol_name
 from .aggregate import (
     CONTROL_LABEL,
     Context,
@@ -305,6 +305,7 @@ class CompareResult:
     baseline: str
     comparisons: list[Comparison]
     notes: list[str]
+    finetune: dict[str, str] = dataclasses.field(default_factory=dict)  # protocol_id -> slf | alf | aff
 
 
 def _where(e: Entry) -> str:
@@ -340,7 +341,8 @@ def compare(rows: Sequence[Any], baseline: str, *, baseline_recipe: str | None =
     for pid in dict.fromkeys(c.protocol_id for c in comps):
         group = [c for c in comps if c.protocol_id == pid]
         notes += pairing_notes(group, f"{group[0].setting} {group[0].dataset} (protocol {pid[:8]})")
-    return CompareResult(baseline, comps, notes)
+    names = {e.protocol_id: protocol_name(e.rows[0]) for e in entries}
+    return CompareResult(baseline, comps, notes, names)
 
 
 # ============ output ============
@@ -384,6 +386,10 @@ def format_compare(result: CompareResult) -> str:
         for c in result.comparisons
     ]  # fmt: skip
     heads = ["setting", "dataset", "metric", "candidate", "seed pairs", "Δ [95 % interval]", "p", "p (Holm)"]
+    if set(result.finetune.values()) - {"slf"}:  # several finetuning protocols: say which line is which
+        heads.insert(2, "protocol")
+        for line, c in zip(body, result.comparisons, strict=True):
+            line.insert(2, result.finetune.get(c.protocol_id, "slf").upper())
     table = (
         tabulate(body, headers=heads, tablefmt="github", disable_numparse=True)
         if body

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import write_bytes_atomic
-from . import export, figures, html, markdown
+from . import export, figures, html, markdown, protocols
 from .aggregate import HEADLINE_EPS, Context, aggregate, validate_rows
 from .compare import attach_comparisons
 from .ranking import rank_tables
@@ -85,6 +85,9 @@ def render_leaderboard(
         written[name] = out / name
 
     pngs, captions, skipped = figures.render_figures(ctx)
+    by_protocol = protocols.figure(ctx)  # only when the rows hold more than one finetuning protocol
+    if by_protocol is not None:
+        pngs[protocols.FIGURE], captions[protocols.FIGURE] = by_protocol
     for name, data in pngs.items():
         write(name, data)
     for name, why in skipped.items():

@@ -11,6 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ..eval.rows import SETTINGS, eps_label
+from . import protocols
 from .aggregate import (
     CONTROL_LABEL,
     MISSING,
@@ -415,6 +416,7 @@ def render_markdown(
             if len(ctx.notes) > before:
                 md += [f"- ⚠ {i}: {ctx.notes[i - 1]}" for i in range(before + 1, len(ctx.notes) + 1)]
                 md.append("")
+    md += protocols.markdown_section(ctx)  # SLF / ALF / AFF side by side (nothing for one protocol)
     md += ["## Figures", "", *(f"- [{cap}]({name})" for name, cap in figures.items())]
     md += [f"- `{name}` not drawn: {why}" for name, why in skipped.items()]
     return "\n".join(md) + "\n"

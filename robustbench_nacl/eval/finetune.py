@@ -1,0 +1,492 @@
+"""Adversarial finetuning protocols of the robust-SSL literature: ALF and AFF.
+
+- SLF (standard linear finetuning) is :func:`..probe.fit_linear_probe`: a linear head on cached
+  clean features of the frozen encoder.
+- ALF (adversarial linear finetuning): the encoder frozen in eval mode, a linear head trained on PGD
+  examples made end to end through normalisation -> encoder -> head (:func:`train_alf_head`).
+- AFF (adversarial full finetuning): encoder and head trained together with TRADES, batch-norm in
+  train mode for the update and eval mode for the inner maximisation (:func:`train_aff`).
+
+Defaults and their public sources are in docs/decisions.md, 'Finetuning protocols'. Both loops
+save a state after every epoch and draw every random number of epoch ``e`` from a generator seeded
+by ``(seed, protocol, e)``, so a killed run resumes from its last finished epoch bit-identically.
+What is attacked afterwards obeys the project's contract: a :class:`ProbedClassifier` from [0,1]
+images to logits, eval mode, frozen, normalisation inside.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save as st_save
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..attack.attacks import input_grad
+from ..data.datasets import ImageData
+from ..errors import UserError
+from ..io import atomic_open, canonical_json, sha256_bytes, write_bytes_atomic
+from ..models.features import extract_features, knn_accuracy
+from .probe import ProbeConfig, ProbedClassifier, ProbeResult
+
+#: The protocols ``evaluate(protocol=...)`` and ``--protocol`` accept, in display order.
+PROTOCOLS = ("slf", "alf", "aff")
+STATE_DIR = "finetune-state"  # per-epoch resume states, under the evaluation's output folder
+WEIGHTS_DIR = "finetuned"  # AFF weights, content-addressed: finetuned/<sha256>.safetensors
+
+
+@dataclass(frozen=True)
+class AlfConfig:
+    """ALF recipe (DynACL test_LF.py / RobustSSL_Benchmark vanilla_finetuning.py defaults)."""
+
+    epochs: int = 25  # ALF epochs (DynACL test_LF.py --epochs 25)
+    lr: float = 0.01  # SGD learning rate of the head (DynACL test_LF.py --lr 0.01)
+    momentum: float = 0.9  # SGD momentum (DynACL test_LF.py --momentum 0.9)
+    weight_decay: float = 2e-4  # SGD weight decay (DynACL test_LF.py --wd 2e-4)
+    milestones: str = "10,20"  # epochs after which lr is multiplied by gamma (test_LF.py --decreasing_lr)
+    gamma: float = 0.1  # lr factor at each milestone (MultiStepLR gamma 0.1 in test_LF.py)
+    batch_size: int = 512  # training minibatch (test_LF.py --batch-size 512)
+    eps: float = 8 / 255  # Linf training budget in [0,1] pixel units (test_LF.py --epsilon 8/255)
+    step_size: float | None = None  # PGD step; None: eps / 4 (2/255 at 8/255, test_LF.py --step-size)
+    steps: int = 10  # PGD steps of the training attack (test_LF.py --num-steps-train 10)
+
+    protocol = "alf"
+
+    def check(self) -> None:
+        """Raise a one-line ``UserError`` for a setting that cannot be run."""
+        _check_common(self)
+
+    def identity(self) -> dict[str, Any]:
+        """What enters the rows' identity: every setting, the step size resolved."""
+        return {"protocol": self.protocol, **asdict(self), "step_size": resolved_step(self)}
+
+
+@dataclass(frozen=True)
+class AffConfig:
+    """AFF recipe: TRADES (DynACL test_AFF.py / RobustSSL_Benchmark vanilla_finetuning.py defaults)."""
+
+    epochs: int = 25  # AFF epochs (DynACL test_AFF.py --epochs 25)
+    lr: float = 0.1  # SGD learning rate of encoder and head (test_AFF.py --lr 0.1)
+    momentum: float = 0.9  # SGD momentum (test_AFF.py --momentum 0.9)
+    weight_decay: float = 2e-4  # SGD weight decay (test_AFF.py --wd 2e-4)
+    milestones: str = "15,20"  # epochs after which lr is multiplied by gamma (test_AFF.py --decreasing_lr)
+    gamma: float = 0.1  # lr factor at each milestone (MultiStepLR gamma 0.1 in test_AFF.py)
+    batch_size: int = 128  # training minibatch (test_AFF.py --batch-size 128)
+    eps: float = 8 / 255  # Linf budget of the inner maximisation, [0,1] pixel units (--epsilon 8/255)
+    step_size: float | None = None  # inner step; None: eps / 4 (2/255 at 8/255, test_AFF.py --step-size)
+    steps: int = 10  # inner maximisation steps (test_AFF.py --num-steps-train 10)
+    beta: float = 6.0  # TRADES weight of the KL term (test_AFF.py --beta 6.0)
+
+    protocol = "aff"
+
+    def check(self) -> None:
+        """Raise a one-line ``UserError`` for a setting that cannot be run."""
+        _check_common(self)
+        if not (math.isfinite(self.beta) and self.beta >= 0):
+            raise UserError(f"aff beta {self.beta!r}: must be a finite number >= 0")
+
+    def identity(self) -> dict[str, Any]:
+        """What enters the rows' identity: every setting, the step size resolved."""
+        return {"protocol": self.protocol, **asdict(self), "step_size": resolved_step(self)}
+
+
+FinetuneConfig = AlfConfig | AffConfig
+
+
+def _check_common(cfg: FinetuneConfig) -> None:
+    name = cfg.protocol
+    for k in ("epochs", "batch_size", "steps"):
+        v = getattr(cfg, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UserError(f"{name} {k.replace('_', '-')} {v!r}: must be an integer >= 1")
+    for k in ("lr", "eps", "gamma"):
+        v = getattr(cfg, k)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise UserError(f"{name} {k} {v!r}: must be a finite number > 0")
+    for k in ("momentum", "weight_decay"):
+        v = getattr(cfg, k)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise UserError(f"{name} {k.replace('_', '-')} {v!r}: must be a finite number >= 0")
+    if cfg.step_size is not None and not (math.isfinite(cfg.step_size) and cfg.step_size > 0):
+        raise UserError(f"{name} step-size {cfg.step_size!r}: must be a finite number > 0 (or unset)")
+    milestones(cfg)
+
+
+def milestones(cfg: FinetuneConfig) -> list[int]:
+    """The lr milestones of ``cfg`` as sorted epochs (a one-line UserError if malformed)."""
+    text = str(cfg.milestones).strip()
+    try:
+        out = [int(p) for p in text.split(",")] if text else []
+    except ValueError:
+        raise UserError(
+            f"{cfg.protocol} milestones {text!r}: give epochs as a comma list, e.g. 15,20"
+        ) from None
+    if any(m < 1 for m in out) or out != sorted(out):
+        raise UserError(f"{cfg.protocol} milestones {text!r}: must be increasing epochs >= 1")
+    return out
+
+
+def resolved_step(cfg: FinetuneConfig) -> float:
+    """The PGD step size: the configured one, else eps / 4 (the literature's 2/255 at 8/255)."""
+    return float(cfg.step_size) if cfg.step_size is not None else cfg.eps / 4
+
+
+def lr_at(cfg: FinetuneConfig, epoch: int) -> float:
+    """The learning rate of (0-based) ``epoch``: MultiStepLR's ``lr * gamma^(milestones passed)``."""
+    return cfg.lr * cfg.gamma ** sum(1 for m in milestones(cfg) if epoch >= m)
+
+
+def parse_protocols(text: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``"slf,alf"`` -> ``["slf", "alf"]`` (order kept, duplicates dropped); one-line UserError otherwise."""
+    parts = text.split(",") if isinstance(text, str) else [p for t in text for p in str(t).split(",")]
+    names = [p.strip().lower() for p in parts]
+    bad = [p for p in names if p not in PROTOCOLS]
+    if bad or not names:
+        raise UserError(
+            f"protocol {','.join(bad) or text!r}: choose one or more of "
+            f"{', '.join(PROTOCOLS)}, comma-separated (e.g. slf,alf,aff)"
+        )
+    return list(dict.fromkeys(names))
+
+
+# ============ the training adversaries ============
+
+
+def epoch_generator(seed: int, protocol: str, epoch: int) -> torch.Generator:
+    """The CPU generator of one epoch: batch order and attack noise come from it alone."""
+    from .benchmark import derive_seed
+
+    return torch.Generator(device="cpu").manual_seed(derive_seed(seed, protocol, epoch))
+
+
+def pgd_training_examples(
+    model: nn.Module, x: Tensor, y: Tensor, *, eps: float, step_size: float, steps: int, gen: torch.Generator
+) -> Tensor:
+    """Madry's PGD-AT adversary: uniform start in the Linf ball, ``steps`` signed steps on the summed
+    cross-entropy, projection onto ball and [0,1]. Every example is attacked for every step (no
+    early stop: a training adversary, unlike the evaluation's). ``model`` is used as it is (eval)."""
+    noise = torch.rand(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    lo, hi = _box(x, eps)
+    x_adv = (x + (noise * 2 - 1) * eps).clamp(0.0, 1.0)
+    for _ in range(steps):
+        g, _ = input_grad(model, x_adv, y)
+        x_adv = torch.clamp(x_adv + step_size * g.sign(), lo, hi)
+    return x_adv
+
+
+def _box(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The Linf ball around ``x`` intersected with [0,1], as per-pixel bounds: one clamp per step
+    projects onto it (the same values as clipping to the ball, then to [0,1])."""
+    return (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
+
+
+def trades_examples(
+    model: nn.Module,
+    x: Tensor,
+    p_nat: Tensor,
+    *,
+    eps: float,
+    step_size: float,
+    steps: int,
+    gen: torch.Generator,
+) -> Tensor:
+    """TRADES' inner maximisation: start at ``x + 0.001 N(0,1)``, ``steps`` signed steps on
+    ``KL(p_nat || p(x_adv))`` (summed), projection onto ball and [0,1]. ``p_nat``: the clean
+    probabilities of the same model (eval mode), a constant."""
+    x_adv = x + 0.001 * torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+    lo, hi = _box(x, eps)
+    for _ in range(steps):
+        x_adv = x_adv.detach().requires_grad_(True)
+        with torch.enable_grad():
+            kl = F.kl_div(F.log_softmax(model(x_adv), dim=1), p_nat, reduction="sum")
+            (g,) = torch.autograd.grad(kl, x_adv)
+        x_adv = torch.clamp(x_adv.detach() + step_size * g.sign(), lo, hi)
+    return x_adv.detach()
+
+
+def trades_loss(model: nn.Module, x: Tensor, x_adv: Tensor, y: Tensor, beta: float) -> Tensor:
+    """TRADES' outer loss: ``CE(f(x), y) + beta * KL(p(x) || p(x_adv)) / B`` (model as it is: train)."""
+    logits = model(x)
+    kl = F.kl_div(F.log_softmax(model(x_adv), dim=1), F.softmax(logits, dim=1), reduction="sum")
+    return F.cross_entropy(logits, y) + beta * kl / len(x)
+
+
+# ============ the epoch loop with resume ============
+
+
+@dataclass
+class _Run:
+    """A finetuning run: what is trained, how, and where its per-epoch state lives."""
+
+    cfg: FinetuneConfig
+    modules: dict[str, nn.Module]  # what the state saves (and the optimizer trains, if trainable)
+    params: list[nn.Parameter]
+    x: Tensor  # uint8 training images (N, C, H, W)
+    y: Tensor
+    seed: int
+    state_path: Path | None
+    progress: bool
+
+
+def _run_epochs(run: _Run, step: Callable[[Tensor, Tensor, torch.Generator], None]) -> None:
+    """SGD with momentum over ``run.cfg.epochs`` epochs; ``step(x, y, gen)`` updates one batch.
+
+    After every epoch the modules' state dicts and the optimizer's state are saved atomically; a
+    saved state is resumed from (loaded with ``weights_only=True``)."""
+    cfg = run.cfg
+    opt = torch.optim.SGD(run.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    start = _resume(run, opt)
+    device = run.params[0].device
+    n, bs = len(run.x), min(cfg.batch_size, len(run.x))
+    bar = tqdm(range(start, cfg.epochs), desc=cfg.protocol, disable=not run.progress, leave=False)
+    for epoch in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, epoch)
+        gen = epoch_generator(run.seed, cfg.protocol, epoch)
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, bs):
+            idx = perm[i : i + bs]
+            xb = run.x[idx].to(device).float().div_(255)
+            step(xb, run.y[idx].to(device), gen)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _save_state(run, opt, epoch + 1)
+
+
+def _resume(run: _Run, opt: torch.optim.Optimizer) -> int:
+    if run.state_path is None or not run.state_path.is_file():
+        return 0
+    try:
+        state = torch.load(run.state_path, map_location="cpu", weights_only=True)
+        for name, module in run.modules.items():
+            module.load_state_dict(state["modules"][name])
+        opt.load_state_dict(state["optimizer"])
+        return int(state["epoch"])
+    except Exception as e:  # a truncated or foreign file: start over rather than trust it
+        print(f"ignoring unreadable finetuning state {run.state_path} ({type(e).__name__}); starting over")
+        return 0
+
+
+def _save_state(run: _Run, opt: torch.optim.Optimizer, epoch: int) -> None:
+    if run.state_path is None:
+        return
+    state = {
+        "epoch": epoch,
+        "modules": {k: m.state_dict() for k, m in run.modules.items()},
+        "optimizer": opt.state_dict(),
+    }
+    run.state_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(run.state_path, "wb") as f:
+        torch.save(state, f)
+
+
+# ============ ALF and AFF ============
+
+
+def init_head(dim: int, num_classes: int, seed: int, device: torch.device | str = "cpu") -> nn.Linear:
+    """A linear head initialised as the SLF probe's: U(-1/sqrt(d), 1/sqrt(d)) from ``seed``, weight
+    then bias, drawn on the CPU."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    head = nn.Linear(dim, num_classes)
+    with torch.no_grad():
+        bound = 1.0 / dim**0.5
+        head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=gen))
+        head.bias.copy_(torch.empty_like(head.bias).uniform_(-bound, bound, generator=gen))
+    return head.to(device)
+
+
+def train_alf_head(
+    encoder: nn.Module,
+    train: ImageData,
+    cfg: AlfConfig | None = None,
+    *,
+    seed: int = 0,
+    head: nn.Linear | None = None,
+    state_path: str | Path | None = None,
+    progress: bool = False,
+) -> nn.Linear:
+    """ALF: train a linear head on PGD examples through the frozen encoder (eval mode, unchanged).
+
+    ``head`` starts the training (default: :func:`init_head` from ``seed``; it is copied, not
+    modified). Per batch: ``cfg.steps`` PGD steps through encoder and current head, then one SGD
+    step on the mean cross-entropy of the head on the adversarial features. Returns the new head.
+    """
+    cfg = cfg or AlfConfig()
+    cfg.check()
+    device = next(encoder.parameters()).device
+    encoder.eval().requires_grad_(False)
+    dim = _feature_dim(encoder, train)
+    head = init_head(dim, train.num_classes, seed, device) if head is None else copy.deepcopy(head)
+    head.requires_grad_(True)
+    attacked = _Frozen(encoder, head)
+    step_size = resolved_step(cfg)
+
+    def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
+        x_adv = pgd_training_examples(
+            attacked, x, y, eps=cfg.eps, step_size=step_size, steps=cfg.steps, gen=gen
+        )
+        with torch.no_grad():
+            f = encoder(x_adv)
+        F.cross_entropy(head(f), y).backward()
+
+    run = _Run(
+        cfg, {"head": head}, list(head.parameters()), train.x, train.y, seed, _path(state_path), progress
+    )
+    _run_epochs(run, step)
+    return head.requires_grad_(False)
+
+
+def train_aff(
+    encoder: nn.Module,
+    head: nn.Linear,
+    train: ImageData,
+    cfg: AffConfig | None = None,
+    *,
+    seed: int = 0,
+    state_path: str | Path | None = None,
+    progress: bool = False,
+) -> tuple[nn.Module, nn.Linear]:
+    """AFF: TRADES on encoder and head together; returns finetuned copies (eval mode, frozen).
+
+    Per batch: clean probabilities and ``cfg.steps`` inner steps with the whole model in eval mode
+    (the authors' ``model.eval()`` in ``trades_loss``), then the outer loss with batch-norm in train
+    mode and one SGD step. ``head`` is where the head starts (a fresh :func:`init_head` for AFF, a
+    linear probe's head for LP-AFT / DynACL++); inputs are never modified.
+    """
+    cfg = cfg or AffConfig()
+    cfg.check()
+    model = nn.Sequential(copy.deepcopy(encoder), copy.deepcopy(head))
+    model.requires_grad_(True)
+    step_size = resolved_step(cfg)
+
+    def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
+        model.eval()
+        with torch.no_grad():
+            p_nat = F.softmax(model(x), dim=1)
+        x_adv = trades_examples(model, x, p_nat, eps=cfg.eps, step_size=step_size, steps=cfg.steps, gen=gen)
+        model.train()
+        trades_loss(model, x, x_adv, y, cfg.beta).backward()
+
+    run = _Run(
+        cfg, {"model": model}, list(model.parameters()), train.x, train.y, seed, _path(state_path), progress
+    )
+    _run_epochs(run, step)
+    model.eval().requires_grad_(False)
+    return model[0], model[1]
+
+
+class _Frozen(nn.Module):
+    """encoder -> head for generating attacks: eval mode, gradients only w.r.t. the input matter."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Linear) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.encoder(x))
+
+
+def _feature_dim(encoder: nn.Module, data: ImageData) -> int:
+    with torch.no_grad():
+        return int(encoder(data.x[:1].to(next(encoder.parameters()).device).float().div(255)).shape[1])
+
+
+def _path(p: str | Path | None) -> Path | None:
+    return None if p is None else Path(p)
+
+
+# ============ the protocol as evaluate() runs it ============
+
+
+def run_key(identity: dict[str, Any], **parts: Any) -> str:
+    """A short content hash naming a finetuning run's state file."""
+    return sha256_bytes(canonical_json({"finetune": identity, **parts}).encode())[:24]
+
+
+def save_weights(out: Path, classifier: nn.Module) -> str:
+    """Write the classifier's state dict as ``out/finetuned/<sha256>.safetensors``; returns the sha256."""
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in classifier.state_dict().items()}
+    data = st_save(state)
+    sha = sha256_bytes(data)
+    path = out / WEIGHTS_DIR / f"{sha}.safetensors"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, data)
+    return sha
+
+
+def fit_protocol(
+    cfg: FinetuneConfig,
+    encoder: nn.Module,
+    train: ImageData,
+    test: ImageData,
+    probe: ProbeConfig,
+    *,
+    out: Path,
+    key: str,
+    progress: bool = False,
+) -> tuple[ProbedClassifier, ProbeResult, dict[str, Any]]:
+    """Run ALF or AFF for ``evaluate``: (attacked classifier, clean metrics, row fields).
+
+    ``encoder`` is the evaluation's private copy. The probe's ``seed`` and ``max_train`` apply (head
+    initialisation, training subset); its epochs/lr are SLF's and unused here. AFF's weights are
+    written content-addressed under ``out/finetuned/`` and their sha256 is a row field.
+    """
+    seed = 0 if probe.seed is None else probe.seed
+    if probe.max_train is not None:
+        train = dataclasses.replace(train, x=train.x[: probe.max_train], y=train.y[: probe.max_train])
+    state = out / STATE_DIR / f"{key}.pt"
+    if isinstance(cfg, AlfConfig):
+        head = train_alf_head(encoder, train, cfg, seed=seed, state_path=state, progress=progress)
+    else:
+        encoder.eval()
+        head0 = init_head(
+            _feature_dim(encoder, train), train.num_classes, seed, next(encoder.parameters()).device
+        )
+        encoder, head = train_aff(encoder, head0, train, cfg, seed=seed, state_path=state, progress=progress)
+    classifier = ProbedClassifier(encoder, head)
+    fields: dict[str, Any] = {"finetune": cfg.identity()}
+    if isinstance(cfg, AffConfig):
+        fields["finetuned_sha256"] = save_weights(out, classifier)
+    return classifier, _metrics(classifier, train, test, probe, cfg), fields
+
+
+def _metrics(
+    classifier: ProbedClassifier, train: ImageData, test: ImageData, probe: ProbeConfig, cfg: FinetuneConfig
+) -> ProbeResult:
+    """Clean metrics of the finetuned classifier, in the fields SLF's probe reports."""
+    f_train = extract_features(classifier.encoder, train.x)  # on the CPU
+    f_test = extract_features(classifier.encoder, test.x)
+    w, b = (t.detach().cpu() for t in (classifier.head.weight, classifier.head.bias))
+
+    def acc(f: Tensor, y: Tensor) -> float:
+        return float(((f @ w.T + b).argmax(1) == y).float().mean()) if len(f) else float("nan")
+
+    test_acc = acc(f_test, test.y)
+    knn = knn_accuracy(
+        f_train.cpu(),
+        train.y,
+        f_test.cpu(),
+        test.y,
+        num_classes=train.num_classes,
+        k=probe.knn_k,
+        t=probe.knn_t,
+    )
+    return ProbeResult(
+        test_acc=test_acc,
+        best_test_acc=test_acc,  # no selection over epochs: the last epoch is the model
+        best_epoch=cfg.epochs,
+        train_acc=acc(f_train, train.y),
+        knn_acc=knn,
+        n_train=len(train),
+        n_test=len(test),
+        config=asdict(probe),
+    )
