@@ -119,7 +119,8 @@ def test_the_readme_commands_run_from_an_empty_folder_outside_the_clone(installe
     losses = _run(installed, "losses")
     assert "intnacl" in losses.stdout and "simclr" in losses.stdout
     paper = _run(installed, "zoo", "list", "--zoo", "paper")
-    assert paper.stdout.count("resnet18_cifar.") == 375
+    # every manifest of the checkout's paper zoo, listed by the installed wheel
+    assert paper.stdout.count("resnet18_cifar.") == len(list((ROOT / "zoo" / "paper").glob("*.json")))
     _run(
         installed,
         "eval",
