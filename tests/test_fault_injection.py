@@ -1,9 +1,10 @@
 """Fault injection: a `zoo run` killed (SIGKILL) at random points, resumed each time, ends where an
 uninterrupted run ends: the same rows, weights and leaderboard.
 
-Five kills in one resumed chain, each at a random time drawn from a seeded generator inside one phase:
-training (a random time after the start), row writing (when a random number of the rows exist) and
-rendering (a random time after the first leaderboard file is written, twice). What is compared:
+Five kills in one resumed chain, each at a random point (from a seeded generator) inside one phase:
+training (a random time after the start), row writing (when a random number of the rows exist; then
+while a row file is being written) and rendering (a random time after the first leaderboard file is
+written, twice). Today's code failed it on temporaries the killed writers left behind. What is compared:
 - weights.safetensors and the figures, LEADERBOARD.md, results.csv, leaderboard.json: byte for byte;
 - rows, manifests, logs, rows.csv and index.html: byte for byte once the wall-clock fields are left out
   (when a row was written and how long it took: they differ between any two runs, killed or not).
@@ -79,6 +80,14 @@ def _rows(board: Path) -> int:
     return len(list((board / "rows").glob("*.json")))
 
 
+def _writing(folder: Path) -> bool:
+    """A file is being written there (atomic_open's temporary exists)."""
+    try:
+        return any(e.name.endswith(".tmp") for e in os.scandir(folder))
+    except FileNotFoundError:
+        return False
+
+
 def _board_written_since(board: Path, t0: float) -> bool:
     return any(p.stat().st_mtime >= t0 for p in board.glob("*") if p.is_file())
 
@@ -89,11 +98,13 @@ def _kill_in(phase: str, proc: subprocess.Popen[str], board: Path, rng: random.R
     if phase == "training":
         when = lambda: time.time() - t0 >= delay  # noqa: E731
         delay = rng.uniform(0.5, 3.0)
-    elif phase == "rows":
+    elif phase == "rows":  # once a random number of rows exist
         target = (
             rng.randint(_rows(board) + 1, TOTAL_ROWS - 1) if _rows(board) < TOTAL_ROWS - 1 else TOTAL_ROWS
         )
         when = lambda: _rows(board) >= target  # noqa: E731
+    elif phase == "row write":  # while a row is being written (its temporary exists)
+        when = lambda: _writing(board / "rows")  # noqa: E731
     else:  # rendering: after the first board file of this run appears, a random fraction of a second
         delay = rng.uniform(0.0, 0.4)
         when = lambda: _board_written_since(board, t0)  # noqa: E731
@@ -125,7 +136,7 @@ def test_a_zoo_run_killed_at_random_points_ends_as_an_uninterrupted_one(
     rng = random.Random(23)
     board = tmp_path / "killed" / "board"
     landed = []
-    for phase in ("training", "rows", "rows", "rendering", "rendering"):
+    for phase in ("training", "rows", "row write", "rendering", "rendering"):
         cmd = [sys.executable, "-m", "robustbench_nacl", *ARGS]
         proc = subprocess.Popen(cmd, cwd=tmp_path / "killed", env=cli_env, text=True, stderr=subprocess.PIPE)
         _kill_in(phase, proc, board, rng)
