@@ -740,6 +740,7 @@ def _launch_options(args: argparse.Namespace) -> Any:
         array_parallelism=args.slurm_array_parallelism,
         cpus_per_task=args.slurm_cpus_per_task,
         slurm_args={str(k): str(v) for k, v in _json_kv(args.slurm_arg).items()},
+        progress=not args.no_progress,
     )
 
 
