@@ -20,7 +20,7 @@ import sys
 import textwrap
 import time
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -666,20 +666,33 @@ def _protocols(text: str) -> str:
 # ============ leaderboard / zoo / demo ============
 
 
+@contextlib.contextmanager
+def _rendering(folder: str | Path) -> Iterator[None]:
+    """One render of a leaderboard folder at a time; what a render killed mid-write left is removed
+    first (only renders write files at the folder's top level: rows live in its rows/)."""
+    from .locks import advisory_lock, remove_temporaries, sweep
+
+    with advisory_lock(folder, "leaderboard", f"the leaderboard in {folder}"):
+        remove_temporaries(folder)
+        yield
+    sweep(folder)  # locks of killed evaluations whose rows another run then completed
+
+
 def run_leaderboard(args: argparse.Namespace) -> int:
     from .report.leaderboard import main_leaderboard
 
     refuse_reference_dir(args.out)
-    files = main_leaderboard(
-        args.rows,
-        args.out,
-        headline_eps=args.headline_eps,
-        command=_command_line(args),
-        rank_by=args.rank_by,
-        baseline=args.baseline,
-        baseline_recipe=args.baseline_recipe,
-        notify=lambda notice: print(notice, file=sys.stderr),
-    )
+    with _rendering(args.out):
+        files = main_leaderboard(
+            args.rows,
+            args.out,
+            headline_eps=args.headline_eps,
+            command=_command_line(args),
+            rank_by=args.rank_by,
+            baseline=args.baseline,
+            baseline_recipe=args.baseline_recipe,
+            notify=lambda notice: print(notice, file=sys.stderr),
+        )
     for name, path in files.items():
         print(f"{name}: {path}")
     return 0
@@ -846,6 +859,7 @@ def _launch_options(args: argparse.Namespace) -> Any:
         array_parallelism=args.slurm_array_parallelism,
         cpus_per_task=args.slurm_cpus_per_task,
         slurm_args={str(k): str(v) for k, v in _json_kv(args.slurm_arg).items()},
+        progress=not args.no_progress,
     )
 
 
@@ -900,6 +914,7 @@ def _zoo_launch(args: argparse.Namespace, tasks: list[Any], options: Any) -> int
 def _zoo_run(args: argparse.Namespace) -> int:
     """Train, evaluate and render a whole zoo; resumable (finished entries and rows are skipped)."""
     from .eval.rows import load_rows
+    from .locks import sweep
     from .pipeline import run_entries
     from .report.leaderboard import render_leaderboard
 
@@ -921,9 +936,11 @@ def _zoo_run(args: argparse.Namespace) -> int:
         controls=not args.no_controls,
         progress=not args.no_progress,
     )
-    files = render_leaderboard(
-        load_rows(args.leaderboard), args.leaderboard, command=_command_line(args), rank_by=args.rank_by
-    )
+    sweep(args.out)  # locks of killed trainings finished by a later run
+    with _rendering(args.leaderboard):
+        files = render_leaderboard(
+            load_rows(args.leaderboard), args.leaderboard, command=_command_line(args), rank_by=args.rank_by
+        )
     print(
         f"{len(entries)} entries: {run.trained} trained ({run.train_s:.0f} s), {run.evaluated} evaluations "
         f"({run.eval_s:.0f} s), {run.skipped} already complete; {time.perf_counter() - t0:.0f} s in all\n"

@@ -218,6 +218,7 @@ class LaunchOptions:
     array_parallelism: int | None = None  # at most this many jobs of one array run at once
     cpus_per_task: int | None = None
     slurm_args: dict[str, str] = field(default_factory=dict)  # any other sbatch option
+    progress: bool = True  # local: progress bars (--no-progress: none)
 
 
 @dataclass
@@ -293,7 +294,7 @@ def _submit_local(tasks: list[Task], opts: LaunchOptions) -> list[Submitted]:
     from .pipeline import make_pool, run_jobs
 
     inline = opts.workers <= 1
-    tasks = [dataclasses.replace(t, progress=inline) for t in tasks]
+    tasks = [dataclasses.replace(t, progress=inline and opts.progress) for t in tasks]
     for t in tasks:
         # best effort: evaluating checkpoints in a read-only folder (someone else's) runs unrecorded
         with contextlib.suppress(UserError):
@@ -302,7 +303,9 @@ def _submit_local(tasks: list[Task], opts: LaunchOptions) -> list[Submitted]:
     pool = make_pool(opts.workers, "cuda" if cuda else "cpu")
     try:
         jobs = [(_Recorded(i, t),) for i, t in enumerate(tasks)]
-        results = dict(run_jobs(pool, jobs, _call, f"{len(tasks)} jobs", progress=not inline))
+        results = dict(
+            run_jobs(pool, jobs, _call, f"{len(tasks)} jobs", progress=opts.progress and not inline)
+        )
     finally:
         if pool is not None:
             pool.shutdown()

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +105,47 @@ def advisory_lock(folder: str | Path, key: str, what: str, *, quiet: bool = Fals
         with contextlib.suppress(OSError):
             path.parent.rmdir()  # the last lock of the folder: leave no empty .locks behind
         f.close()  # releases the flock
+
+
+def remove_temporaries(folder: str | Path, names: Iterable[str] | None = None) -> int:
+    """Remove what a writer killed mid-write left of ``names`` (None: of any file) in ``folder``
+    (``io.atomic_open``'s ``.<name>.<random>.tmp`` files); how many. Call it holding the lock of the
+    work that writes them, so that no live writer's temporary is among them."""
+    prefixes = (".",) if names is None else tuple(f".{n}." for n in names)
+    if not prefixes:
+        return 0
+    try:
+        found = [
+            e.path for e in os.scandir(folder) if e.name.endswith(".tmp") and e.name.startswith(prefixes)
+        ]
+    except FileNotFoundError:
+        return 0
+    for path in found:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return len(found)
+
+
+def sweep(folder: str | Path) -> int:
+    """Remove the locks of ``folder`` that no live process holds (left by killed ones whose work was
+    then finished by another process without taking them over); how many."""
+    base = Path(folder) / LOCKS_DIR
+    if fcntl is None or not base.is_dir():
+        return 0
+    removed = 0
+    for path in base.glob("*.lock"):
+        try:
+            f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            continue
+        with f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # held: live work
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # while holding it: a waiter that then gets this file sees it is gone
+                removed += 1
+    with contextlib.suppress(OSError):
+        base.rmdir()
+    return removed

@@ -195,10 +195,15 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
 def no_zoo_error(folder: Path) -> UserError:
     """The one line for a zoo folder without manifests: where it looked, and why that is wrong."""
     why = "holds no *.json manifests" if folder.is_dir() else "does not exist"
-    source = f"${ZOO_ENV}" if os.environ.get(ZOO_ENV) else "the zoo folder of this installation"
+    if os.environ.get(ZOO_ENV):
+        return UserError(
+            f"no zoo entries: {folder} (from ${ZOO_ENV}) {why}; point ${ZOO_ENV} at a folder of zoo "
+            "manifests (one subfolder per zoo), or unset it to use the zoos robustbench-nacl ships"
+        )
     return UserError(
-        f"no zoo entries: {folder} ({source}) {why}; the zoos ship with robustbench-nacl, so this "
-        f"installation lacks them: reinstall it, or set ${ZOO_ENV} to a folder of zoo manifests"
+        f"no zoo entries: {folder} (the zoo folder of this installation) {why}; the zoos ship with "
+        f"robustbench-nacl, so this installation lacks them: reinstall it, or set ${ZOO_ENV} to a "
+        "folder of zoo manifests"
     )
 
 

@@ -359,7 +359,7 @@ def test_empty_rows_dir_is_user_error(tmp_path: Path) -> None:
     (tmp_path / "rows").mkdir()
     with pytest.raises(UserError, match=r"no result rows in .*robustbench-nacl eval"):
         main_leaderboard(tmp_path / "rows", tmp_path / "out")
-    with pytest.raises(UserError, match="no such directory, published set .* or model"):
+    with pytest.raises(UserError, match=r"no such directory, published set .* or model"):
         main_leaderboard(tmp_path / "missing", tmp_path / "out")
 
 

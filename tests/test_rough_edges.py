@@ -129,7 +129,8 @@ def test_empty_file_registries_say_where_they_looked(
     monkeypatch.setenv(zoo.ZOO_ENV, str(tmp_path / "empty"))
     assert cli.main(["zoo", "run"]) == 2
     assert (
-        f"{tmp_path / 'empty'} ($ROBUSTBENCH_NACL_ZOO) holds no *.json manifests" in capsys.readouterr().err
+        f"{tmp_path / 'empty'} (from $ROBUSTBENCH_NACL_ZOO) holds no *.json manifests"
+        in capsys.readouterr().err
     )
     with pytest.raises(UserError) as e:
         suites.load_suite("paper")

@@ -33,7 +33,7 @@ from ..data.corruptions import corrupt, parse_corruptions, parse_severities
 from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, parse_spec
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
-from ..locks import advisory_lock
+from ..locks import advisory_lock, remove_temporaries
 from ..models.encoders import create_encoder, materialize_lazy
 from ..models.foreign import NORMALIZATIONS, load_encoder
 from ..registry import unknown_choice
@@ -700,6 +700,7 @@ def _compute_locked(
     key = sha256_bytes(" ".join(sorted(ids)).encode())[:24]
     with advisory_lock(job.out, key, f"{job.base['checkpoint_id']} {setting.name} {setting.dataset}"):
         ids, done = _existing(job, setting, force)  # what another process finished meanwhile counts
+        remove_temporaries(job.out / results.ROWS_DIR, [f"{r}.json" for r in ids])  # of a killed writer
         if len(done) == len(ids):
             return [done[r] for r in ids], 0
         return _run_setting(job, setting, data, ids, keep=done), len(ids) - len(done)
