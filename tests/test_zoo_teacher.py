@@ -12,6 +12,7 @@ import pytest
 from robustbench_nacl import launch, pipeline, zoo
 from robustbench_nacl.cli import main
 from robustbench_nacl.errors import UserError
+from robustbench_nacl.training import recipe_sha256, train, training_config
 
 RECIPE = {
     "epochs": 1,
@@ -127,3 +128,21 @@ def test_zoo_train_trains_the_teacher_first_and_records_it(
     assert recorded["id"] == teacher.id and recorded["loss"] == "simclr"
     assert recorded["weights_sha256"] == t_manifest["weights_sha256"]
     assert Path(recorded["checkpoint"]) == (out / teacher.id).resolve()
+
+
+def test_a_students_recipe_names_its_teacher_by_recipe_not_by_path(tmp_path: Path) -> None:
+    teacher, student = _pair(tmp_path / "zoo")
+    dirs = []
+    for seed, lr in ((0, 3e-3), (1, 3e-3), (0, 1e-3)):  # two seeds of one recipe, then another recipe
+        t = dataclasses.replace(teacher, seed=seed, recipe={**teacher.recipe, "lr": lr})
+        dirs.append(train(t.train_config(), tmp_path / f"t{seed}-{lr}", progress=False))
+    configs = [
+        training_config(
+            dataclasses.replace(student, teacher=None, overrides={"teacher": str(d)}).train_config()
+        )
+        for d in dirs
+    ]
+    recipes = [recipe_sha256(c) for c in configs]
+    assert recipes[0] == recipes[1] != recipes[2]
+    t_recipe = json.loads((dirs[0] / "manifest.json").read_text())["recipe_sha256"]
+    assert configs[0]["loss_params"]["extra"]["teacher"] == {"recipe_sha256": t_recipe}
