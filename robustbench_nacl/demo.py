@@ -16,7 +16,7 @@ from pathlib import Path
 from .errors import UserError
 from .pipeline import run_entries, with_protocol
 from .registry import Registry
-from .zoo import ZooEntry, demo_zoo, expected_id
+from .zoo import ZooEntry, demo_zoo, expected_id, teacher_of
 
 #: A folder of the user's: robustbench_out/ is ignored by the repository's .gitignore.
 DEFAULT_OUT = Path("robustbench_out") / "demo"
@@ -106,6 +106,7 @@ def demo_entries(plan: DemoPlan) -> list[ZooEntry]:
                 dataset=plan.source,
                 recipe=recipe,
                 eval=ev,
+                teacher=teacher_of(e.loss, e.encoder, plan.source, e.seed),  # DeACL's, re-targeted too
             )
         )
     return out

@@ -26,6 +26,7 @@ import json
 import os
 import pickle
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -568,10 +569,49 @@ def plan(tasks: list[Task]) -> Plan:
 
 
 def launch(launcher: str, tasks: list[Task], opts: LaunchOptions) -> list[Submitted]:
-    """Hand ``tasks`` to ``launcher``; each gets a job record (local: the work is done on return)."""
+    """Hand ``tasks`` to ``launcher``; each gets a job record (local: the work is done on return).
+
+    A training task whose entry distils a teacher entry (DeACL) that is not trained yet waits for it:
+    a launcher that waits trains the teachers first, then the students; one that does not (Slurm)
+    submits the rest now and holds those back with a note on stderr (a job array has no dependency
+    order): running `zoo train` again once the teachers are trained submits them.
+    """
     if not tasks:
         return []
-    return LAUNCHERS.get(launcher).submit(tasks, opts)
+    chosen = LAUNCHERS.get(launcher)
+    first, held = teacher_order(tasks, chosen.waits)
+    if not held:
+        return chosen.submit(tasks, opts)
+    if chosen.waits:
+        return (chosen.submit(first, opts) if first else []) + chosen.submit(held, opts)
+    print(
+        f"{len(held)} training job(s) wait for their teacher's training and were not submitted "
+        f"({', '.join(t.entry.id for t in held[:3])}{', ...' if len(held) > 3 else ''}): run "
+        "`zoo train` again once `zoo status` says their teachers are trained (`zoo train TEACHER_ID`)",
+        file=sys.stderr,
+    )
+    return chosen.submit(first, opts) if first else []
+
+
+def teacher_order(tasks: list[Task], waits: bool) -> tuple[list[Task], list[Task]]:
+    """(tasks that can run now, training tasks whose teacher entry is not trained yet). With a
+    launcher that waits, a held task whose teacher is not trained by this submission is a one-line
+    error (without one, the teacher may be a job still running: the task is only held)."""
+    held = [t for t in tasks if t.action == "train" and t.entry.teacher and not _teacher_trained(t)]
+    first = [t for t in tasks if t not in held]
+    training = {t.entry.id for t in first if t.action == "train"}
+    for t in held:
+        if waits and t.entry.teacher not in training:
+            raise UserError(
+                f"zoo entry {t.entry.id} distils entry {t.entry.teacher}, which is neither trained under "
+                f"{t.ckpts} nor trained by this command: add it (`zoo train {t.entry.teacher} "
+                f"{t.entry.id}`) or train it first"
+            )
+    return first, held
+
+
+def _teacher_trained(task: Task) -> bool:
+    return (Path(task.ckpts) / str(task.entry.teacher) / "manifest.json").is_file()
 
 
 def wait(submitted: list[Submitted], progress: bool = True) -> list[WorkState]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from .errors import UserError
 from .locks import advisory_lock
 from .zoo import ZooEntry, checkpoint_dir, expected_id, is_trained
 
@@ -109,7 +110,8 @@ def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progres
         if is_trained(entry, ckpts):
             return entry.id
         # the kNN monitor at initialisation and after the last epoch only: it does not change the weights
-        cfg = entry.train_config(knn_every=max(int(entry.recipe["epochs"]), 1))
+        # a DeACL entry: its teacher entry's checkpoint under ckpts (one line if it is not trained yet)
+        cfg = entry.train_config(ckpts=ckpts, knn_every=max(int(entry.recipe["epochs"]), 1))
         # sync_bn: in a multi-process job (launch, several GPUs) BatchNorm still sees the whole batch,
         # so an entry's recipe does not depend on how many processes train it (one: a no-op)
         train(cfg, d, device=device, resume=(d / "train_state.pt").exists(), progress=progress, sync_bn=True)
@@ -274,6 +276,27 @@ def set_aside(paths: list[Path], out: str | Path) -> int:
 # ============ a whole zoo ============
 
 
+def training_waves(todo: list[ZooEntry], entries: list[ZooEntry], ckpts: str | Path) -> list[list[ZooEntry]]:
+    """``todo`` in dependency order: the entries without a teacher first, with every untrained teacher
+    of the others (one stage: teachers have none; a teacher whose own rows are complete still trains,
+    for its students), then those with one. A teacher that is neither among ``entries`` nor trained
+    under ``ckpts`` is a one-line error before anything trains."""
+    first = {e.id: e for e in todo if e.teacher is None}
+    waiting = [e for e in todo if e.teacher is not None]
+    by_id = {e.id: e for e in entries}
+    for e in waiting:
+        teacher = e.teacher or ""
+        if teacher in first or (Path(ckpts) / teacher / "manifest.json").is_file():
+            continue
+        if teacher not in by_id:
+            raise UserError(
+                f"zoo entry {e.id} distils entry {teacher}, which is neither among the entries of this "
+                f"run nor trained under {ckpts}: add it (e.g. `zoo train {teacher} {e.id}`) or train it first"
+            )
+        first[teacher] = by_id[teacher]
+    return [w for w in (list(first.values()), waiting) if w]
+
+
 @dataclass(frozen=True)
 class ZooRun:
     """What :func:`run_entries` did, with its wall times in seconds."""
@@ -308,8 +331,12 @@ def run_entries(
     t0 = time.perf_counter()
     pool = make_pool(workers, device)
     try:
-        train_jobs = [(e, str(ckpts), device) for e in need.values() if not is_trained(e, ckpts)]
-        run_jobs(pool, train_jobs, train_entry, f"train ({len(train_jobs)} of {len(entries)})", progress)
+        untrained = [e for e in need.values() if not is_trained(e, ckpts)]
+        train_jobs = []
+        for n, wave in enumerate(training_waves(untrained, entries, ckpts), 1):
+            jobs = [(e, str(ckpts), device) for e in wave]
+            run_jobs(pool, jobs, train_entry, f"train ({len(jobs)} of {len(entries)}, stage {n})", progress)
+            train_jobs += jobs
         t_train = time.perf_counter() - t0
         jobs = [(e, str(ckpts), str(out), device, False) for e in todo]
         jobs += [(e, str(ckpts), str(out), device, True) for e in ctl]

@@ -54,18 +54,32 @@ class ZooEntry:
     eval: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     weights_sha256: str | None = None  # pinned once trained and published
+    # DeACL: the id of the entry of the same zoo whose checkpoint is the stage-1 teacher
+    teacher: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (the manifest file's content)."""
-        return asdict(self)
+        """JSON form (the manifest file's content); ``teacher`` only where an entry has one, so every
+        other manifest is what it was."""
+        out = asdict(self)
+        if out["teacher"] is None:
+            del out["teacher"]
+        return out
 
-    def train_config(self, data_root: str | None = None, **extra: Any) -> Any:
-        """The TrainConfig this entry describes."""
+    def train_config(
+        self, data_root: str | None = None, *, ckpts: str | Path | None = None, **extra: Any
+    ) -> Any:
+        """The TrainConfig this entry describes; an entry with a ``teacher`` needs ``ckpts``, the
+        checkpoints folder where that entry is trained (:func:`teacher_dir`)."""
         from .training import TrainConfig
 
+        overrides = dict(self.overrides)
+        if self.teacher is not None:
+            if ckpts is None:
+                raise UserError(f"zoo entry {self.id} distils {self.teacher}: train it with `zoo train`")
+            overrides["teacher"] = str(teacher_dir(self, ckpts))
         return TrainConfig(
             loss=self.loss,
-            overrides=dict(self.overrides),
+            overrides=overrides,
             dataset=self.dataset,
             encoder=self.encoder,
             encoder_kwargs=dict(self.encoder_kwargs),
@@ -75,6 +89,18 @@ class ZooEntry:
             **{k: self.recipe[k] for k in RECIPE_KEYS if k in self.recipe},
             **extra,
         )
+
+
+def teacher_dir(entry: ZooEntry, ckpts: str | Path) -> Path:
+    """The trained checkpoint of an entry's ``teacher`` entry under ``ckpts`` (absolute); a one-line
+    error when it is not trained there yet."""
+    d = (Path(ckpts) / str(entry.teacher)).resolve()
+    if not (d / "manifest.json").is_file():
+        raise UserError(
+            f"zoo entry {entry.id} distils the checkpoint of entry {entry.teacher}, which is not trained "
+            f"under {ckpts} yet: train {entry.teacher} first (`zoo train` orders them)"
+        )
+    return d
 
 
 def _one_line(e: BaseException, limit: int = 200) -> str:
@@ -124,6 +150,7 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         "eval": dict,
         "description": str,
         "weights_sha256": (str, type(None)),
+        "teacher": (str, type(None)),
     }
     for k, v in data.items():
         if k not in required and k not in optional:
@@ -157,14 +184,55 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
             raise bad(f"overrides.{k} must be a number, string, boolean or null, not {type(v).__name__}")
     try:
         check_encoder(data["encoder"])  # a registered (or plugin) encoder, or timm:NAME
-        resolve(data["loss"], dict(data.get("overrides", {})))
+        params = resolve(data["loss"], dict(data.get("overrides", {})))
         parse_spec(data["dataset"])
     except UserError as e:
         raise bad(str(e)) from None
     except (TypeError, ValueError) as e:
         # a JSON value of the wrong type for its loss parameter (e.g. "t": null) reaches the range checks
         raise bad(f"overrides hold a value of the wrong type for its parameter ({_one_line(e)})") from None
+    _check_teacher_field(data, "teacher" in params.extra_params(), bad)
     return ZooEntry(**data)
+
+
+def _check_teacher_field(data: dict[str, Any], distils: bool, bad: Any) -> None:
+    """``teacher``: for a loss that distils a stage-1 checkpoint (DeACL) only, named once, by the id
+    of another entry (a path in ``overrides.teacher`` stays possible outside the generated zoos)."""
+    teacher, by_path = data.get("teacher"), data.get("overrides", {}).get("teacher")
+    if teacher is not None and not distils:
+        raise bad(
+            f"field 'teacher' is only for a loss that distils a stage-1 checkpoint, not {data['loss']!r}"
+        )
+    if teacher is not None and by_path:
+        raise bad("name the teacher once: field 'teacher' (a zoo entry) or overrides.teacher (a path)")
+    if distils and teacher is None and not by_path:
+        raise bad(
+            f"loss {data['loss']!r} needs a stage-1 teacher: set field 'teacher' to the id of another "
+            "entry of this zoo (e.g. its simclr entry of the same seed)"
+        )
+    if teacher is not None and (not _SAFE_NAME.fullmatch(teacher) or teacher == data["id"]):
+        raise bad(f"field 'teacher' must be the id of another entry of this zoo, not {teacher!r}")
+
+
+def check_teachers(entries: list[ZooEntry], source: str) -> None:
+    """Each ``teacher`` names an entry of the same zoo, with the student's encoder, that has no
+    teacher itself (one stage of distillation: ``zoo train`` trains teachers, then students)."""
+    by_id = {e.id: e for e in entries}
+    for e in entries:
+        if e.teacher is None:
+            continue
+        t = by_id.get(e.teacher)
+        if t is None or t.zoo != e.zoo:
+            raise UserError(
+                f"zoo {source}: entry {e.id} names teacher {e.teacher!r}, which is no entry of zoo {e.zoo!r}"
+            )
+        if (t.encoder, t.encoder_kwargs) != (e.encoder, e.encoder_kwargs):
+            raise UserError(
+                f"zoo {source}: entry {e.id} distils {t.id}, whose encoder differs "
+                f"({t.encoder} {t.encoder_kwargs} vs {e.encoder} {e.encoder_kwargs}); use one encoder"
+            )
+        if t.teacher is not None:
+            raise UserError(f"zoo {source}: entry {e.id} names teacher {t.id}, which has a teacher itself")
 
 
 def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[ZooEntry]:
@@ -189,6 +257,7 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
         if entry.id in entries:
             raise UserError(f"zoo manifest {path}: duplicate id {entry.id!r}")
         entries[entry.id] = entry
+    check_teachers(list(entries.values()), str(base))
     return list(entries.values())
 
 
@@ -330,12 +399,22 @@ def is_package_preset(module: str | None) -> bool:
 
 
 def zoo_presets() -> list[str]:
-    """The presets a generated zoo trains: the package's own, but not those that need another
-    checkpoint first (DeACL's stage-1 teacher, which a zoo cannot name before it is trained;
-    docs/decisions.md, 'Adversarial contrastive pretraining')."""
+    """The presets a generated zoo trains: the package's own (DeACL's with its stage-1 teacher, the
+    zoo's :data:`TEACHER_PRESET` entry of the same seed: :func:`teacher_of`)."""
+    return package_presets()
+
+
+#: the preset whose entry a generated zoo's DeACL entry distils (same encoder, dataset and seed)
+TEACHER_PRESET = "simclr"
+
+
+def teacher_of(loss: str, encoder: str, dataset: str, seed: int) -> str | None:
+    """The id of the teacher entry of a generated entry of ``loss`` (None: the loss distils nothing)."""
     from .losses import PRESETS
 
-    return [n for n in package_presets() if "teacher" not in PRESETS.get(n).params.extra_params()]
+    if "teacher" not in PRESETS.get(loss).params.extra_params():
+        return None
+    return expected_id(encoder, TEACHER_PRESET, dataset, seed)
 
 
 def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
@@ -380,6 +459,7 @@ def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
                     overrides=overrides,
                     eval=dict(PAPER_EVAL),
                     description=PRESETS.get(loss).description + (f" [{tag}]" if tag else ""),
+                    teacher=teacher_of(loss, "resnet18_cifar", "cifar100", s),
                 )
             )
     return out
@@ -437,6 +517,7 @@ def _one_per_family(
                     overrides=overrides,
                     eval=dict(ev),
                     description=PRESETS.get(name).description + tag,
+                    teacher=teacher_of(name, "convnet_small", dataset, s),
                 )
             )
     return out

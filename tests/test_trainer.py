@@ -108,11 +108,12 @@ def _check_recorded_configuration(manifest: dict[str, Any], cfg: TrainConfig) ->
     assert training == json.loads(json.dumps(training_config(cfg)))
     kept = {f.name for f in dataclasses.fields(TrainConfig)} - set(NOT_TRAINING)
     assert set(training) == kept | {"loss_params", "optimizer", "drop_last"}
-    assert (
-        training["loss_params"]
-        == manifest["loss_params"]
-        == losses.resolve(cfg.loss, cfg.overrides).to_dict()
-    )
+    resolved = losses.resolve(cfg.loss, cfg.overrides).to_dict()
+    assert manifest["loss_params"] == resolved
+    if manifest.get("teacher"):  # DeACL: the recipe names its teacher by the teacher's recipe, not its path
+        teacher = json.loads((Path(manifest["teacher"]["checkpoint"]) / "manifest.json").read_text())
+        resolved["extra"]["teacher"] = {"recipe_sha256": teacher["recipe_sha256"]}
+    assert training["loss_params"] == resolved
     assert manifest["config_sha256"] == sha256_bytes(canonical_json(training).encode())
     without_seed = {k: v for k, v in training.items() if k != "seed"}
     assert manifest["recipe_sha256"] == sha256_bytes(canonical_json(without_seed).encode())
@@ -402,3 +403,64 @@ def test_missing_cifar_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, cli
     assert len(lines) == 1 and "cifar10" in lines[0] and "Traceback" not in res.stderr
     assert not (tmp_path / "out").exists()
     assert not data.exists() or not any(data.rglob("*"))
+
+
+class _Killed(Exception):
+    """Stands for a kill: raised as the second epoch starts, after the first one's state was saved."""
+
+
+RESUME_TINY = {
+    "dataset": "digits:0-1",
+    "encoder": "convnet_small",
+    "encoder_kwargs": {"width": 4},
+    "batch_size": 32,
+    "max_train": 96,
+    "knn_every": 0,
+    "epochs": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DeACL's stage 1: a SimCLR checkpoint with the student's encoder."""
+    out = tmp_path_factory.mktemp("teacher") / "simclr"
+    return train(TrainConfig(loss="simclr", **{**RESUME_TINY, "epochs": 1}), out, progress=False)
+
+
+# every adversarial preset besides dynacl (killed for real above): its setup (DeACL's teacher), the
+# attack's own generator and its parameters come back from train_state.pt alone. In-process, as cheap
+# as a kill: the run stops after epoch 1 of 2 and a fresh train(resume=True) finishes it.
+@pytest.mark.parametrize("preset", ["acl", "rocl", "deacl"])
+def test_adversarial_preset_resumed_after_an_interruption_is_bit_identical(
+    preset: str, tiny_teacher: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    overrides: dict[str, Any] = {"attack_steps": 2}
+    if preset == "deacl":
+        overrides["teacher"] = str(tiny_teacher)
+    cfg = TrainConfig(loss=preset, overrides=overrides, **RESUME_TINY)
+    ref = train(cfg, tmp_path / "ref", progress=False)
+    ref_manifest = json.loads((ref / "manifest.json").read_text())
+
+    real_epoch = train_loop._train_epoch
+
+    def killed_at_epoch_2(run: Any, step: Any, epoch: int, progress: bool) -> dict[str, Any]:
+        if epoch == 1:
+            raise _Killed
+        return real_epoch(run, step, epoch, progress)
+
+    out = tmp_path / "killed"
+    with monkeypatch.context() as m:
+        m.setattr(train_loop, "_train_epoch", killed_at_epoch_2)
+        with pytest.raises(_Killed):
+            train(cfg, out, progress=False)
+    assert torch.load(out / "train_state.pt", weights_only=True)["epoch"] == 1
+    assert not (out / "manifest.json").exists()
+    torch.manual_seed(12345)  # a new process's global RNG: the state file must restore it
+    train(cfg, out, resume=True, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["weights_sha256"] == ref_manifest["weights_sha256"]
+    assert sha256_file(out / "weights.safetensors") == ref_manifest["weights_sha256"]
+    # the attack's parameters are all recorded
+    extra = manifest["loss_params"]["extra"]
+    assert extra["attack_steps"] == 2
+    assert {"attack_eps", "attack_step_size", "attack_random_start", "attack_bn_eval"} <= set(extra)

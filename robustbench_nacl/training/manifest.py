@@ -54,7 +54,7 @@ def training_config(
     out["dataset"] = canonical_spec(cfg.dataset)  # digits:0,1,2 and digits:0-2 are one dataset
     # lr=1 and lr=1.0 are one setting: the JSON must not depend on the number's Python type
     out.update(lr=float(cfg.lr), weight_decay=float(cfg.weight_decay))
-    out.update(loss_params=params.to_dict(), optimizer=OPTIMIZER, drop_last=True)
+    out.update(loss_params=_loss_params_identity(params), optimizer=OPTIMIZER, drop_last=True)
     used = recipe_plugins(cfg, params)
     if used:  # only when present: the configuration (and hash) of a run without plugins is unchanged
         out["plugins"] = used
@@ -62,6 +62,20 @@ def training_config(
         out["timm"] = _timm_version()  # timm's architectures change between releases
     if bn_shards > 1:  # BatchNorm statistics over batch_size / bn_shards images: another recipe
         out["per_rank_batchnorm"] = bn_shards
+    return out
+
+
+def _loss_params_identity(params: losses.LossParams) -> dict[str, Any]:
+    """The resolved loss parameters, with a DeACL teacher named by what it is rather than where it
+    lies: its ``recipe_sha256`` (the weights' sha256 for a checkpoint without one). The seeds of one
+    zoo entry, each distilling its own seed's teacher, are then one recipe, as are copies of a run
+    made on machines with other paths (the manifest's ``teacher`` block keeps path, id and sha256)."""
+    out = params.to_dict()
+    teacher = params.extra_params().get("teacher")
+    if teacher:
+        recorded = read_manifest(resolve_manifest_path(str(teacher)))
+        key = "recipe_sha256" if recorded.get("recipe_sha256") else "weights_sha256"
+        out["extra"] = {**out["extra"], "teacher": {key: recorded.get(key)}}
     return out
 
 
