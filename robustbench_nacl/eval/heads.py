@@ -39,7 +39,9 @@ def head_path(folder: str | Path, key: str) -> Path:
 def save_head(folder: str | Path, key: str, head: nn.Linear, result: ProbeResult) -> Path:
     """Write a fitted head and its probe report atomically; returns the file."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    meta = {"key": key, "probe_result": canonical_json(result.to_dict())}
+    # one metadata entry: safetensors writes a metadata dict in hash order, so two keys would make the
+    # same head two different files from run to run (the bytes of a resumed run must equal a fresh one)
+    meta = {"head": canonical_json({"key": key, "probe_result": result.to_dict()})}
     path = head_path(folder, key)
     write_bytes_atomic(path, st_save(tensors, metadata=meta))
     return path
@@ -54,7 +56,11 @@ def load_head(folder: str | Path, key: str) -> tuple[nn.Linear, ProbeResult] | N
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
-        result = ProbeResult(**json.loads(meta["probe_result"]))
+        if "head" in meta:  # the current layout; heads written before it carry the two fields apart
+            meta = json.loads(meta["head"])
+        else:
+            meta = {"key": meta["key"], "probe_result": json.loads(meta["probe_result"])}
+        result = ProbeResult(**meta["probe_result"])
     except (SafetensorError, KeyError, TypeError, ValueError) as e:
         raise UserError(
             f"linear head {path} is damaged ({' '.join(str(e).split())[:120]}); delete it to refit the probe"

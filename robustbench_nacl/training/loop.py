@@ -28,6 +28,7 @@ from ..augment import views as augment
 from ..data.datasets import ImageData, load_dataset
 from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
+from ..locks import remove_temporaries
 from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
 from ..models.encoders import ContrastiveModel
 from ..models.features import extract_features, knn_accuracy
@@ -141,10 +142,9 @@ def _check_out(out: Path, cfg: TrainConfig, resume: bool) -> bool:
     if (out / MANIFEST).exists():
         return True
     check_writable_dir(out)  # before loading data and training, not at the first checkpoint
-    if resume:
-        # leftovers of a write that was killed mid-way (atomic_open's temporaries), never read
-        for tmp in out.glob(f".{STATE}.*.tmp"):
-            tmp.unlink(missing_ok=True)
+    # leftovers of a write that was killed mid-way (atomic_open's temporaries, never read), also when a
+    # run killed while writing its first state starts again without --resume (no state to resume)
+    remove_temporaries(out, (STATE, LOG, WEIGHTS, MANIFEST))
     return False
 
 
