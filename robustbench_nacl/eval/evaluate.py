@@ -413,8 +413,10 @@ def evaluate(
     computed = 0
     for cfg in configs:  # one pass per protocol: SLF's identities carry no finetune field
         pkw = {**kw, "finetune": cfg.identity()} if cfg is not None else kw
-        job = _Job(encoder, loaded_suite, base, pkw, Path(out), batch_size, dev, progress, {}, finetune=cfg)
-        job.heads, job.save_heads = (Path(heads) if heads else None), save_heads
+        job = _Job(
+            encoder, loaded_suite, base, pkw, Path(out), batch_size, dev, progress, probes={},
+            heads=Path(heads) if heads else None, save_heads=save_heads, finetune=cfg,
+        )  # fmt: skip
         rows, n = _evaluate_job(job, settings, force=force, data_root=data_root)
         all_rows += rows
         computed += n

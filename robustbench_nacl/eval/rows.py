@@ -107,10 +107,9 @@ def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
         "probe": probe,
         "n_examples": row["n_examples"],
         "attack_versions": dict(row["attack_versions"]),
+        # corruption rows, ALF/AFF rows and their settings; the others (no such keys) hash as before
         **{k: row[k] for k in OPTIONAL_IDENTITY if row.get(k) is not None},
     }
-    if row.get(FINETUNE) is not None:  # ALF/AFF and their settings; SLF (no key) hashes as before
-        out[FINETUNE] = dict(row[FINETUNE])
     return out
 
 

@@ -30,8 +30,6 @@ from .estimators import pair_loss_rows, similarity
 from .objectives import OBJECTIVES, Objective, encode
 from .params import LossParams, Needs
 
-#: the inner attack's parameters (every one is recorded in the manifest's ``loss_params.extra``)
-ATTACK_KEYS = ("attack_eps", "attack_steps", "attack_step_size", "attack_random_start", "attack_bn_eval")
 ACL_MODES = ("ds", "a2a", "a2s")  # ACL: dual stream, adversarial-to-adversarial, adversarial-to-standard
 EVAL_BN = ("clean", "adv")  # the BatchNorm branch an evaluation of the checkpoint uses
 
