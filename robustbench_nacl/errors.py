@@ -30,3 +30,15 @@ class NonFiniteLoss(UserError):
 
 class SanityError(Exception):
     """An evaluation invariant that must never fail (perturbation outside the ball, robust > clean)."""
+
+
+def one_line(text: object, limit: int = 200, *, with_type: bool = False) -> str:
+    """``text`` (a message or an exception) on one line, cut to ``limit`` characters with "...".
+
+    ``with_type`` prefixes an exception's class name (for errors raised by someone else's code,
+    where the class is half the message).
+    """
+    if with_type and isinstance(text, BaseException):
+        text = f"{type(text).__name__}: {text}"
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

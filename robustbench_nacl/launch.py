@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, one_line
 from .io import write_json_atomic
 from .pipeline import control_entries, control_id, eval_entry, is_complete, rows_done, train_entry
 from .registry import Registry
@@ -345,7 +345,7 @@ def _submitit_submit(cluster: str, name: str) -> Callable[[list[Task], LaunchOpt
                 with executor.batch():
                     jobs = [executor.submit(t) for t in group]
             except (OSError, RuntimeError, ValueError) as e:  # sbatch refused (partition, time, account)
-                raise UserError(f"--launcher {name}: submission failed: {_one_line(str(e))}") from None
+                raise UserError(f"--launcher {name}: submission failed: {one_line(str(e), 240)}") from None
             for t, job in zip(group, jobs, strict=True):
                 pid = int(job.job_id) if cluster == "local" else None  # the controller's pid
                 _write_record(t, name, str(job.job_id), folder, proc_start=pid and _proc_start(pid))
@@ -359,12 +359,7 @@ def _submitit_submit(cluster: str, name: str) -> Callable[[list[Task], LaunchOpt
 
 
 def _exc_line(e: BaseException) -> str:
-    return _one_line(f"{type(e).__name__}: {e}")
-
-
-def _one_line(text: str, limit: int = 240) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(e, 240, with_type=True)
 
 
 def _proc_start(pid: int) -> str | None:
@@ -418,12 +413,12 @@ def _job_error(record: dict[str, Any]) -> tuple[str | None, str]:
         lines = [ln for ln in str(payload).splitlines() if ln.strip()]
         if outcome == "error" and lines:
             name, sep, message = lines[-1].partition(": ")  # "robustbench_nacl.errors.UserError: ..."
-            error = _one_line(name.rsplit(".", 1)[-1] + sep + message)
+            error = one_line(name.rsplit(".", 1)[-1] + sep + message, 240)
     tail = ""
     with contextlib.suppress(OSError):
         lines = (folder / f"{job_id}_0_log.err").read_text(errors="replace").splitlines()
         tail = next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith("submitit ")), "")
-    return error, _one_line(tail)
+    return error, one_line(tail, 240)
 
 
 def _probe_slurm(records: list[dict[str, Any]]) -> list[Probe]:
@@ -532,7 +527,7 @@ def _state(
         return WorkState(task, "interrupted", job, f"{where} ended ({probe.state}); resubmit to resume")
     tail = _job_error(record)[1] if record.get("folder") else ""
     reason = f"{where} ended without finishing ({probe.state})" + (f": {tail}" if tail else "")
-    return WorkState(task, "failed", job, _one_line(reason))
+    return WorkState(task, "failed", job, one_line(reason, 240))
 
 
 def zoo_status(

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, one_line
 from .io import sha256_bytes
 
 __all__ = [
@@ -218,14 +218,9 @@ def _import_errors(spec: str, module: str) -> Iterator[None]:
                 f"plugin {spec!r} not found: no module named {e.name!r} (install it, add its folder to "
                 "PYTHONPATH, or give the path of a .py file)"
             ) from None
-        raise UserError(f"plugin {spec!r} failed to import: {_one_line(e)}") from None
+        raise UserError(f"plugin {spec!r} failed to import: {one_line(e, 300, with_type=True)}") from None
     except (Exception, SystemExit) as e:
-        raise UserError(f"plugin {spec!r} failed to import: {_one_line(e)}") from None
-
-
-def _one_line(e: BaseException, limit: int = 300) -> str:
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        raise UserError(f"plugin {spec!r} failed to import: {one_line(e, 300, with_type=True)}") from None
 
 
 def _identifier(stem: str) -> str:

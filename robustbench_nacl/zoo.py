@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, one_line
 from .io import sha256_file, write_json_atomic
 from .models.checkpoint import read_manifest
 from .packaged import zoo_dir
@@ -103,11 +103,6 @@ def teacher_dir(entry: ZooEntry, ckpts: str | Path) -> Path:
     return d
 
 
-def _one_line(e: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(e).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def zoo_root(root: str | Path | None = None) -> Path:
     """The zoo folder: argument > $ROBUSTBENCH_NACL_ZOO > the shipped zoo/ (in the package)."""
     return Path(root or os.environ.get(ZOO_ENV) or REPO_ZOO)
@@ -190,7 +185,7 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         raise bad(str(e)) from None
     except (TypeError, ValueError) as e:
         # a JSON value of the wrong type for its loss parameter (e.g. "t": null) reaches the range checks
-        raise bad(f"overrides hold a value of the wrong type for its parameter ({_one_line(e)})") from None
+        raise bad(f"overrides hold a value of the wrong type for its parameter ({one_line(e)})") from None
     _check_teacher_field(data, "teacher" in params.extra_params(), bad)
     return ZooEntry(**data)
 
@@ -252,7 +247,7 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
-            raise UserError(f"zoo manifest {path}: not valid JSON ({_one_line(e)})") from None
+            raise UserError(f"zoo manifest {path}: not valid JSON ({one_line(e)})") from None
         entry = parse_entry(data, str(path))
         if entry.id in entries:
             raise UserError(f"zoo manifest {path}: duplicate id {entry.id!r}")

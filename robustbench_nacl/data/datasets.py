@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..errors import DatasetNotFound, UserError
+from ..errors import DatasetNotFound, UserError, one_line
 from ..io import atomic_open
 from ..registry import Registry, did_you_mean
 
@@ -373,11 +373,6 @@ def _check_arrays(name: str, split: str, x: torch.Tensor, y: torch.Tensor) -> No
 # --------------------------------------------------------------------------------------------
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _places(paths: Iterable[Path]) -> str:
     items = [str(p) for p in paths]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
@@ -483,7 +478,7 @@ def _obtain(
             "urlopen error" in str(err)  # torchvision's MNIST wraps the URLError in a RuntimeError
         )
         hint = "; no network?" if offline else ""
-        why = f"could not be downloaded ({type(err).__name__}: {_one_line(str(err), 120)}{hint})"
+        why = f"could not be downloaded ({type(err).__name__}: {one_line(str(err), 120)}{hint})"
         raise _not_found(name, looked, why)
     found = find()
     if found is None:
@@ -546,7 +541,7 @@ def restricted_unpickle(path: str | Path) -> Any:
             return _RestrictedUnpickler(f, encoding="bytes").load()
     except pickle.UnpicklingError as e:
         raise UserError(
-            f"{path} is not a plain data pickle ({_one_line(str(e))}); delete it and re-download"
+            f"{path} is not a plain data pickle ({one_line(str(e))}); delete it and re-download"
         ) from e
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from e
@@ -572,7 +567,7 @@ def read_idx(path: str | Path) -> np.ndarray:
             raw = gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as e:
         raise UserError(
-            f"cannot read {path}: {_one_line(str(e) or type(e).__name__)}; delete it and re-download"
+            f"cannot read {path}: {one_line(str(e) or type(e).__name__)}; delete it and re-download"
         ) from e
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != _IDX_UBYTE:
         raise UserError(f"{path} is not an IDX ubyte file (bad magic number); delete it and re-download")
@@ -798,7 +793,7 @@ def _read_rgb(path: Path) -> np.ndarray:
         with Image.open(path) as im:
             arr = np.asarray(im.convert("RGB"), dtype=np.uint8)  # ~2% of Tiny ImageNet is grayscale
     except OSError as e:
-        raise UserError(f"cannot decode {path}: {_one_line(str(e))}; re-extract the archive") from e
+        raise UserError(f"cannot decode {path}: {one_line(str(e))}; re-extract the archive") from e
     if arr.shape != (64, 64, 3):
         raise UserError(f"{path} is {arr.shape[1]}x{arr.shape[0]}, expected 64x64; re-extract the archive")
     return arr.transpose(2, 0, 1)

@@ -16,7 +16,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, one_line
 from ..io import sha256_bytes, write_bytes_atomic, write_json_atomic
 
 WEIGHTS = "weights.safetensors"
@@ -54,7 +54,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     try:
         manifest = json.loads(p.read_text())
     except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON, UTF-8 or huge integers
-        raise CheckpointError(f"{p} is not valid JSON ({_one_line(e)}); the checkpoint is corrupt") from None
+        raise CheckpointError(f"{p} is not valid JSON ({one_line(e)}); the checkpoint is corrupt") from None
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{p} must hold a JSON object")
     for key in ("encoder", "weights", "weights_sha256"):
@@ -62,11 +62,6 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"{p} lacks the field {key!r}; was it written by `robustbench-nacl train`?")
     _check_manifest_types(manifest, p)
     return manifest
-
-
-def _one_line(e: BaseException, limit: int = 200) -> str:
-    s = " ".join(str(e).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 def _is_number(v: Any) -> bool:
@@ -116,7 +111,7 @@ def load_state(weights_path: str | Path, expected_sha256: str | None = None) -> 
             raise CheckpointError(f"weights file {p} not found")
         data = p.read_bytes()
     except OSError as e:
-        raise CheckpointError(f"cannot read weights file {p}: {e.strerror or _one_line(e)}") from None
+        raise CheckpointError(f"cannot read weights file {p}: {e.strerror or one_line(e)}") from None
     if expected_sha256 is not None and sha256_bytes(data) != expected_sha256:
         raise CheckpointError(
             f"sha256 of {p} does not match its manifest (file changed or corrupt); refusing to load it"
