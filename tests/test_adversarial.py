@@ -230,6 +230,46 @@ def test_objective_runs_and_updates_only_through_backward(preset: str) -> None:
     assert any(q.grad is not None and q.grad.abs().sum() > 0 for q in model.parameters())
 
 
+@pytest.mark.parametrize("preset", ["acl", "rocl", "dynacl", "deacl"])
+def test_each_presets_inner_attack_strictly_increases_the_loss_it_maximises(
+    preset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack loss each preset builds (ACL/DynACL NT-Xent of the attacked pair, RoCL's NT-Xent
+    against view 2, DeACL's -cos to the teacher), evaluated before and after the preset's own PGD."""
+    import robustbench_nacl.losses.adversarial as adversarial
+
+    seen: list[tuple] = []
+    engine = adversarial.pgd_maximise
+
+    def recording(model, xs, loss_fn, attack, **kw):  # type: ignore[no-untyped-def]
+        out = engine(model, xs, loss_fn, attack, **kw)
+        seen.append((model, xs, loss_fn, attack, kw.get("route", "clean"), out))
+        return out
+
+    monkeypatch.setattr(adversarial, "pgd_maximise", recording)
+    p = resolve(preset)
+    model = _model(p.dual_bn, head=p.head)
+    xs = _images(16)
+    teacher = _model(False, seed=1).encoder.eval()
+    ctx = StepContext(
+        epoch=0,
+        epochs=10,
+        gen=torch.Generator().manual_seed(0),
+        values={"adv_weight": 1.0},
+        resources={"teacher": teacher},
+    )
+    OBJECTIVES.get(p.objective).loss(model, xs, None, p, torch.Generator(), False, ctx=ctx)
+    assert len(seen) == 1
+    model, clean, loss_fn, attack, route, adv = seen[0]
+    assert attack.steps == p.extra_params()["attack_steps"] and attack.eps == p.extra_params()["attack_eps"]
+    model.eval()
+    with torch.no_grad(), bn_route(model, route):
+        before, after = loss_fn(clean).item(), loss_fn(adv).item()
+    assert after > before + 1e-4, (preset, before, after)
+    for x, xa in zip(clean, adv, strict=True):
+        assert (xa - x).abs().max().item() <= attack.eps + 1e-12
+
+
 # ============ DynACL's schedule and the parameter checks ============
 
 
@@ -271,7 +311,7 @@ def test_bad_attack_parameters_are_one_line_errors(preset: str, override: dict, 
 
 
 def test_presets_record_every_inner_attack_parameter() -> None:
-    for name in ("acl", "rocl", "dynacl"):
+    for name in ("acl", "rocl", "dynacl", "deacl"):
         extra = resolve(name).to_dict()["extra"]
         for key in (
             "attack_eps",
