@@ -16,6 +16,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -146,3 +147,30 @@ def test_the_readme_commands_run_from_an_empty_folder_outside_the_clone(installe
         f"losses, zoo list, eval {t_cmds:.1f} s; "
         f"demo --quick {time.perf_counter() - t0 - t_cmds:.1f} s"
     )
+
+
+def test_python_m_build_makes_an_sdist_and_a_wheel_that_twine_check_passes(tmp_path: Path) -> None:
+    """The release path the README names: `python -m build` (here without isolation: offline) and
+    `twine check --strict` on both files (metadata, long description rendering)."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=_not_sources)
+    out = tmp_path / "dist"
+    build = [sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(out)]
+    subprocess.run([*build, str(src)], check=True, capture_output=True, timeout=300)
+    files = sorted(p.name for p in out.iterdir())
+    assert [n.endswith(".tar.gz") for n in files].count(True) == 1, files
+    assert [n.endswith(".whl") for n in files].count(True) == 1, files
+    check = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, sorted(out.iterdir()))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count("PASSED") == 2, check.stdout
+    sdist = next(out.glob("*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        names = tar.getnames()
+    # the packaged data travels in the sdist too (a wheel built from it must have it)
+    assert any(n.endswith("files/attacks/paper.toml") for n in names)
+    assert any("files/zoo/demo/" in n for n in names)
