@@ -85,6 +85,7 @@ def test_pair_similarities_gather_the_masked_elements_bit_for_bit_without_a_sync
 #: every way the objectives and view makers differ: positives, estimators, robust term, mixing
 SYNC_PRESETS = ("simclr", "debiased_hardneg", "adv", "nca", "mixnca", "intnacl", "var", "arcl")
 SYNC_PRESETS += ("dacl", "dacl_plus", "gaussian", "supervised")
+SYNC_PRESETS += ("acl", "rocl", "dynacl")  # the inner PGD too (deacl needs a teacher checkpoint)
 
 
 def test_a_training_step_makes_no_host_sync(tmp_path: Path) -> None:
