@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..eval.rows import KEY_PARAMS, SETTINGS, ResultRow, eps_label
+from ..results.eps import eps_label
+from ..results.rows import KEY_PARAMS, SETTINGS, ResultRow
 from .stats import t_interval, wilson_interval
 
 HEADLINE_EPS = 0.002

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..eval.benchmark import decode_bits
-from ..eval.rows import SETTINGS, protocol_name
+from ..results.bits import decode_bits
+from ..results.rows import SETTINGS, protocol_name
 from .aggregate import (
     CONTROL_LABEL,
     Context,

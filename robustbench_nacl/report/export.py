@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..eval.rows import eps_label
+from ..results.eps import eps_label
 from .aggregate import Context, Entry, distinct, metric_key, metric_name, n_examples, provenance
 
 

@@ -19,7 +19,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from ..eval.rows import eps_label
+from ..results.eps import eps_label
 from .aggregate import Context, Entry, Table, join, metric_key, metric_name
 from .plotstyle import FONT, Style, label_line_ends, label_points, styles
 

@@ -1,6 +1,6 @@
 """Render the leaderboard from result rows: Markdown, CSV, JSON, the NaCl figures and a static HTML page.
 
-Nothing here evaluates anything: the input is result rows (``eval.rows.load_rows``), from one
+Nothing here evaluates anything: the input is result rows (``results.rows.load_rows``), from one
 directory or several (yours beside a reference: :mod:`.sources`). Rows are grouped into *recipes*
 by ``recipe_id`` (what was trained, seeds aggregated away) and into tables by ``protocol_id`` (how
 it was measured); see :mod:`.aggregate`. Every accuracy carries a 95 % interval. Each table is

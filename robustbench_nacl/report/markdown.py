@@ -10,7 +10,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..eval.rows import SETTINGS, eps_label
+from ..results.eps import eps_label
+from ..results.rows import SETTINGS
 from . import protocols
 from .aggregate import (
     CONTROL_LABEL,
