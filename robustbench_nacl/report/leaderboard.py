@@ -94,6 +94,7 @@ def render_leaderboard(
         log.info("leaderboard: %s skipped: %s", name, why)
         # a plot left over from an earlier render would describe rows that are no longer here
         (out / name).unlink(missing_ok=True)
+    meta = export.RenderMeta(title, command, dropped, captions, skipped)
     page = markdown.render_markdown(
         ctx, title=title, command=command, dropped=dropped, figures=captions, skipped=skipped
     )
@@ -101,8 +102,7 @@ def render_leaderboard(
     recs = export.records(ctx)
     write("results.csv", export.results_csv(recs))
     write("rows.csv", export.rows_csv(ctx.rows))
-    meta = {"title": title, "command": command, "dropped": dropped, "figures": captions, "skipped": skipped}
-    write("leaderboard.json", export.leaderboard_json(ctx, recs, **meta))
+    write("leaderboard.json", export.leaderboard_json(ctx, recs, meta))
     lead, items = markdown.legend(ctx, command, dropped)
     columns, table = html.html_table(ctx)
     site = html.render_page(
