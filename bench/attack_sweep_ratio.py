@@ -97,7 +97,7 @@ def _contenders(model: torch.nn.Module, data: dict[str, torch.Tensor], acc: dict
     import torchattacks
 
     import robustbench_nacl as rbn
-    from robustbench_nacl.attack.attacks import robust_under_attack
+    from robustbench_nacl.attack.runner import robust_under_attack
 
     def clean() -> torch.Tensor:
         with torch.no_grad():

@@ -5,7 +5,7 @@ setting's cost per severity.
 The classifier is what ``evaluate`` attacks on digits: a ``convnet_small`` (width 16, the test
 recipe: SimCLR, digits:0-4) with a linear probe, frozen, in eval mode, channels_last. ``n``
 clean-correct test examples (``--quick``: 8, else 24: this CPU runs FAB-T and Square slowly) go
-through ``attack.attacks.autoattack`` (pyautoattack 0.2.0 via the adapter, with the per-component
+through ``attack.autoattack_adapter.autoattack`` (pyautoattack 0.2.0 via the adapter, with the per-component
 trace). Every call of the model is counted with its batch size and whether it needs an input
 gradient; afterwards each distinct (batch size, gradient) pass is timed alone (median of 5) and
 the counts x those times give the pure compute. The value is wall / pure compute. The cost per
@@ -98,7 +98,7 @@ def _corruption_times() -> dict[str, Any]:
 
 
 def run(args: Any) -> dict[str, Any]:
-    from robustbench_nacl.attack.attacks import autoattack
+    from robustbench_nacl.attack.autoattack_adapter import autoattack
 
     n = 8 if getattr(args, "quick", False) else 24
     model, x, y = _classifier()

@@ -103,13 +103,14 @@ def _batches(data: Any, bs: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _case(name: str, kind: str, n: int, steps: int) -> dict[str, Any]:
-    from robustbench_nacl.attack.attacks import pgd
+    from robustbench_nacl.attack.pgd import pgd
     from robustbench_nacl.eval import finetune as ft
     from robustbench_nacl.eval.probe import fit_linear_probe
+    from robustbench_nacl.results.finetune import AffConfig, AlfConfig
 
     data = _data(kind, n)
     enc = _encoder(name, data)
-    alf, aff = ft.AlfConfig(epochs=1, steps=steps), ft.AffConfig(epochs=1, steps=steps)
+    alf, aff = AlfConfig(epochs=1, steps=steps), AffConfig(epochs=1, steps=steps)
     _pure(nn.Sequential(enc, nn.Linear(enc.feature_dim, 10)), _batches(data, 32)[:1], 2)  # warm-up
     tiny = dataclasses.replace(data, x=data.x[:4], y=data.y[:4])  # first-call costs (lazy imports, kernels)
     ft.train_alf_head(copy.deepcopy(enc), tiny, dataclasses.replace(alf, steps=1), seed=0)

@@ -5,20 +5,67 @@ The public API (everything else is reachable through the submodules)::
     from robustbench_nacl import benchmark, evaluate, load_model, train, TrainConfig, pair_loss
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from . import plugins
 from ._version import __version__
-from .attack.suites import load_suite
-from .data.datasets import load_dataset
-from .eval.benchmark import benchmark
-from .eval.evaluate import evaluate
-from .eval.probe import ProbeConfig, fit_linear_probe
-from .eval.rows import ResultRow, load_rows
-from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
-from .models.encoders import create_encoder, register_encoder
-from .models.foreign import load_encoder
-from .published import load_model, published_models
-from .report.leaderboard import render_leaderboard
-from .training import TrainConfig, train
+
+# Imported on first use (PEP 562), so that ``import robustbench_nacl.report`` and the renderers it
+# serves load no torch: name -> the module that defines it.
+_LAZY = {
+    "load_suite": "attack.suites",
+    "load_dataset": "data.datasets",
+    "benchmark": "eval.benchmark",
+    "evaluate": "eval.evaluate",
+    "ProbeConfig": "eval.probe",
+    "fit_linear_probe": "eval.probe",
+    "list_presets": "losses",
+    "pair_loss": "losses",
+    "register_pair_loss": "losses",
+    "register_preset": "losses",
+    "resolve": "losses",
+    "create_encoder": "models.encoders",
+    "register_encoder": "models.encoders",
+    "load_encoder": "models.foreign",
+    "load_model": "published",
+    "published_models": "published",
+    "render_leaderboard": "report.leaderboard",
+    "ResultRow": "results.rows",
+    "load_rows": "results.rows",
+    "TrainConfig": "training",
+    "train": "training",
+}
+
+if TYPE_CHECKING:  # what the names are, for readers and type checkers; nothing is imported at run time
+    from .attack.suites import load_suite
+    from .data.datasets import load_dataset
+    from .eval.benchmark import benchmark
+    from .eval.evaluate import evaluate
+    from .eval.probe import ProbeConfig, fit_linear_probe
+    from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
+    from .models.encoders import create_encoder, register_encoder
+    from .models.foreign import load_encoder
+    from .published import load_model, published_models
+    from .report.leaderboard import render_leaderboard
+    from .results.rows import ResultRow, load_rows
+    from .training import TrainConfig, train
+
+
+def __getattr__(name: str) -> Any:
+    """The public name ``name``, imported from its module on first use (then cached here)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ProbeConfig",

@@ -128,8 +128,8 @@ def run_demo(
     ``command`` is the command line recorded in the leaderboard (default: ``robustbench-nacl demo``);
     ``protocol``: the finetuning protocol(s), e.g. ``slf,alf,aff`` (eval/finetune.py).
     """
-    from .eval.rows import load_rows
     from .report.leaderboard import render_leaderboard
+    from .results.rows import load_rows
 
     plan = DEMOS.get(dataset)["quick" if quick else "full"]
     base = Path(out) / ("quick" if quick else "full")

@@ -198,7 +198,7 @@ def control_entries(entries: Iterable[ZooEntry]) -> list[ZooEntry]:
 
 def row_key(identity: dict[str, Any]) -> str:
     """A row's id with its checkpoint's sha256 left out: what a zoo knows before (or without) the weights."""
-    from .eval.rows import row_id
+    from .results.rows import row_id
 
     return row_id({**identity, "checkpoint_sha256": None})
 
@@ -219,7 +219,7 @@ def expected_rows(entry: ZooEntry) -> int:
 def rows_done(out: str | Path) -> dict[str, set[str]]:
     """The keys (:func:`row_key`) of the valid result rows under ``out/rows``, per checkpoint id
     (unreadable, edited or foreign files are not counted: they are recomputed)."""
-    from .eval.rows import read_valid_row
+    from .results.rows import read_valid_row
 
     done: dict[str, set[str]] = {}
     for path in (Path(out) / "rows").glob("*.json"):
@@ -238,7 +238,7 @@ def is_complete(entry: ZooEntry, done: dict[str, set[str]], control: bool = Fals
 def superseded_rows(entries: Iterable[ZooEntry], out: str | Path, controls: bool = True) -> list[Path]:
     """Rows under ``out/rows`` of the entries' (and controls') checkpoint ids that no manifest asks for
     any more (the entry's evaluation changed): what ``zoo run`` moves aside before rendering."""
-    from .eval.rows import read_valid_row
+    from .results.rows import read_valid_row
 
     wanted: dict[str, set[str]] = {}
     for e in entries:

@@ -18,12 +18,12 @@ from typing import Any
 from .errors import UserError
 from .eval.cards import card_of_rows, write_card
 from .eval.heads import HEADS_DIR, head_key, head_path
-from .eval.rows import ResultRow, load_rows, write_row
 from .io import sha256_file, write_json_atomic
 from .models.checkpoint import WEIGHTS, read_manifest
 from .packaged import published_dir
 from .pipeline import control_id, expected_rows
 from .published import CARD, MODELS_DIR
+from .results.rows import ResultRow, load_rows, write_row
 from .zoo import ZooEntry, checkpoint_dir
 
 #: Written into every card of a published zoo model.

@@ -31,10 +31,10 @@ from torch import nn
 from .errors import UserError
 from .eval.heads import HEADS_DIR, head_key, load_head
 from .eval.probe import ProbedClassifier
-from .eval.rows import ResultRow, load_rows
 from .io import sha256_file
 from .models.checkpoint import WEIGHTS
 from .packaged import published_dir
+from .results.rows import ResultRow, load_rows
 
 CACHE_ENV = "ROBUSTBENCH_NACL_CACHE"
 MODELS_DIR, ROWS_DIR, CARD = "models", "rows", "card.json"

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
-from .eval.benchmark import decode_bits
 from .eval.cards import card_schema
-from .eval.rows import ResultRow, load_rows, write_row
 from .io import sha256_file
 from .models.checkpoint import WEIGHTS, read_manifest
+from .results.bits import decode_bits
+from .results.rows import ResultRow, load_rows, write_row
 
 Group = tuple[str, str]  # (setting, dataset)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from robustbench_nacl.cli import main
-from robustbench_nacl.eval import rows as results
+from robustbench_nacl.results import rows as results
 from robustbench_nacl.training import TrainConfig
 
 # convnet_small of width 8 on digits 0-4: a checkpoint in about a second

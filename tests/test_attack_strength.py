@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 import robustbench_nacl as rbn
-from robustbench_nacl.attack import attacks as A
+from robustbench_nacl.attack import fgsm as fgsm_m
+from robustbench_nacl.attack import pgd as pgd_m
 
 DATA = Path(__file__).parent / "data" / "attack_strength"
 #: robust accuracy of the committed classifier at this eps is between 20 and 80 %: an attack that does
@@ -66,7 +67,7 @@ def correct(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
 def test_the_committed_classifier_is_pinned(model, data) -> None:
     x, y = data
     assert abs(int(correct(model, x, y).sum()) - 255) <= 1
-    adv = A.pgd(model, x, y, eps=EPS, random_start=False, early_stop=False, **PGD)
+    adv = pgd_m.pgd(model, x, y, eps=EPS, random_start=False, early_stop=False, **PGD)
     assert abs(int(correct(model, adv, y).sum()) - ROBUST_PINNED) <= 3
 
 
@@ -76,9 +77,9 @@ def test_pgd_is_strictly_stronger_than_random_sign_noise_and_not_weaker_than_fgs
     clean = int(correct(model, x, y).sum())
     signs = torch.randint(0, 2, x.shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
     noise = int(correct(model, (x + EPS * signs).clamp(0, 1), y).sum())
-    fgsm = int(correct(model, A.fgsm(model, x, y, eps=EPS), y).sum())
+    fgsm = int(correct(model, fgsm_m.fgsm(model, x, y, eps=EPS), y).sum())
     for start in (True, False):  # the suites' random start, and none
-        adv = A.pgd(model, x, y, eps=EPS, gen=torch.Generator().manual_seed(0), random_start=start, **PGD)
+        adv = pgd_m.pgd(model, x, y, eps=EPS, gen=torch.Generator().manual_seed(0), random_start=start, **PGD)
         pgd = int(correct(model, adv, y).sum())
         assert 0.2 * n <= pgd <= 0.8 * n, pgd  # the regime where strength shows
         assert pgd < noise - 10 and pgd <= fgsm and pgd < clean, (start, pgd, fgsm, noise, clean)
@@ -92,7 +93,7 @@ def test_native_pgd_equals_torchattacks_from_the_same_start(model, data, directi
         "torchattacks", reason="torchattacks not installed (pip install 'robustbench-nacl[torchattacks]')"
     )
     x, y = data
-    ours = A.pgd(model, x, y, eps=EPS, random_start=False, early_stop=False, **PGD)
+    ours = pgd_m.pgd(model, x, y, eps=EPS, random_start=False, early_stop=False, **PGD)
     theirs = torchattacks.PGD(model, eps=EPS, alpha=PGD["step_size"], steps=PGD["steps"], random_start=False)(
         x, y
     )

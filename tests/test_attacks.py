@@ -15,8 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from robustbench_nacl.attack import attacks as A
-from robustbench_nacl.attack.attacks import ATTACKS, autoattack_plan, project, resolve_attack, run_attack
+from robustbench_nacl.attack import autoattack_adapter as aa_m
+from robustbench_nacl.attack import fgsm as fgsm_m
+from robustbench_nacl.attack import pgd as pgd_m
+from robustbench_nacl.attack import runner
+from robustbench_nacl.attack import torchattacks_adapter as ta_m
+from robustbench_nacl.attack.autoattack_adapter import autoattack_plan
+from robustbench_nacl.attack.base import ATTACKS
+from robustbench_nacl.attack.norms import project
+from robustbench_nacl.attack.runner import resolve_attack, run_attack
 from robustbench_nacl.attack.suites import (
     AttackSpec,
     Suite,
@@ -25,8 +32,8 @@ from robustbench_nacl.attack.suites import (
     parse_suite_text,
     suite_names,
 )
+from robustbench_nacl.attack.threat import check_perturbation
 from robustbench_nacl.errors import SanityError, UserError
-from robustbench_nacl.eval.sanity import check_perturbation
 
 
 def _torchattacks():
@@ -93,7 +100,7 @@ CASES = [
 
 
 def test_registry_lists_native_attacks() -> None:
-    assert {"fgsm", "fgsm_l2", "pgd", "autoattack"} <= set(A.attack_names())
+    assert {"fgsm", "fgsm_l2", "pgd", "autoattack"} <= set(runner.attack_names())
     for name in ATTACKS:
         info = ATTACKS.info(name)
         assert info["norms"] and info["family"] in ("single_step", "iterative")
@@ -155,7 +162,7 @@ def test_pgd_in_ball_property(b, norm, eps, restarts, seed) -> None:
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).eval()
     x = torch.rand(b, 3, 2, 2, generator=gen(seed))
     y = torch.randint(0, 3, (b,), generator=gen(seed + 1))
-    x_adv = A.pgd(net, x, y, eps=eps, gen=gen(seed), norm=norm, steps=3, restarts=restarts)
+    x_adv = pgd_m.pgd(net, x, y, eps=eps, gen=gen(seed), norm=norm, steps=3, restarts=restarts)
     check_perturbation(x, x_adv, eps, norm)
 
 
@@ -167,8 +174,8 @@ def test_check_perturbation_is_called_on_every_batch(data, monkeypatch) -> None:
         seen.append(len(x))
         return (x + (2 * eps if len(seen) == 4 else 0)).clamp(0, 1)
 
-    monkeypatch.setattr(A, "resolve_attack", lambda name: bad_on_last_batch)
-    monkeypatch.setattr(A, "attack_info", lambda name: {"norms": ("Linf",)})
+    monkeypatch.setattr(runner, "resolve_attack", lambda name: bad_on_last_batch)
+    monkeypatch.setattr(runner, "attack_info", lambda name: {"norms": ("Linf",)})
     with pytest.raises(SanityError, match="ball"):
         run_attack("bad", nn.Identity(), x, y, eps=0.01, norm="Linf", gen=gen(), batch_size=64)
     assert seen == [64, 64, 64, 64]
@@ -181,17 +188,17 @@ def test_check_perturbation_is_called_on_every_batch(data, monkeypatch) -> None:
 @needs_torchattacks
 def test_fgsm_matches_torchattacks(model, data, eps) -> None:
     x, y = data
-    ours = A.fgsm(model, x, y, eps=eps, gen=gen())
+    ours = fgsm_m.fgsm(model, x, y, eps=eps, gen=gen())
     theirs = torchattacks.FGSM(model, eps=eps)(x, y)
     assert (ours - theirs).abs().max() <= 1e-6
     with torch.no_grad():
         assert torch.equal(model(ours).argmax(1), model(theirs).argmax(1))
 
 
-@pytest.mark.parametrize(("norm", "single"), [("Linf", A.fgsm), ("L2", A.fgsm_l2)])
+@pytest.mark.parametrize(("norm", "single"), [("Linf", fgsm_m.fgsm), ("L2", fgsm_m.fgsm_l2)])
 def test_fgsm_sweep_is_fgsm_at_every_eps(model, data, norm, single) -> None:
     x, y = data
-    at = A.fgsm_sweep(model, x, y, norm=norm)
+    at = fgsm_m.fgsm_sweep(model, x, y, norm=norm)
     for eps in (0.0, 0.002, 0.05, 0.3, 1.0):
         assert torch.equal(at(eps), single(model, x, y, eps=eps)), eps
 
@@ -200,7 +207,7 @@ def test_robust_under_attack_is_run_attack_at_each_eps(model, data) -> None:
     """Each eps is its own attack with its own generator, consumed chunk by chunk as run_attack does."""
     x, y = data
     eps, params = [0.05, 0.1], {"steps": 3, "restarts": 2}
-    correct, seconds = A.robust_under_attack(
+    correct, seconds = runner.robust_under_attack(
         "pgd", model, x, y, eps, norm="Linf", gens=[gen(1), gen(2)], batch_size=100, params=params
     )
     for k, (e, seed) in enumerate(zip(eps, (1, 2), strict=True)):
@@ -211,15 +218,15 @@ def test_robust_under_attack_is_run_attack_at_each_eps(model, data) -> None:
             assert torch.equal(correct[k], model(x_adv).argmax(1) == y)
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
     with pytest.raises(ValueError, match="one generator per eps"):
-        A.robust_under_attack("pgd", model, x, y, eps, norm="Linf", gens=[gen()], batch_size=100)
+        runner.robust_under_attack("pgd", model, x, y, eps, norm="Linf", gens=[gen()], batch_size=100)
     with pytest.raises(UserError, match="does not support norm"):
-        A.robust_under_attack("fgsm", model, x, y, [0.1], norm="L2", gens=[None], batch_size=100)
+        runner.robust_under_attack("fgsm", model, x, y, [0.1], norm="L2", gens=[None], batch_size=100)
 
 
 def test_fgsm_l2_step_has_norm_eps_before_clamp(model, data) -> None:
     x, y = data
     x = x * 0.5 + 0.25  # keep away from the box so the clamp is inactive
-    x_adv = A.fgsm_l2(model, x, y, eps=0.5, gen=gen())
+    x_adv = fgsm_m.fgsm_l2(model, x, y, eps=0.5, gen=gen())
     norms = (x_adv - x).flatten(1).norm(dim=1)
     assert torch.allclose(norms, torch.full_like(norms, 0.5), atol=1e-5)
 
@@ -232,7 +239,7 @@ def test_fgsm_l2_step_has_norm_eps_before_clamp(model, data) -> None:
 def test_native_pgd_with_restarts_at_least_as_strong_as_torchattacks(model, data, eps) -> None:
     # The paper's step size 0.01 and 10 steps; ours adds a restart and Wong's best-iterate early stop.
     x, y = data
-    ours = A.pgd(model, x, y, eps=eps, gen=gen(0), steps=10, step_size=0.01, restarts=2)
+    ours = pgd_m.pgd(model, x, y, eps=eps, gen=gen(0), steps=10, step_size=0.01, restarts=2)
     torch.manual_seed(0)
     theirs = torchattacks.PGD(model, eps=eps, alpha=0.01, steps=10, random_start=True)(x, y)
     assert accuracy(model, ours, y) <= accuracy(model, theirs, y)
@@ -243,20 +250,20 @@ def test_pgd_skips_misclassified_examples(model, data) -> None:
     counting = Counting(model)
     with torch.no_grad():
         wrong = (model(x).argmax(1) + 1) % 10
-    x_adv = A.pgd(counting, x, wrong, eps=0.1, gen=gen(), steps=5, restarts=2)
+    x_adv = pgd_m.pgd(counting, x, wrong, eps=0.1, gen=gen(), steps=5, restarts=2)
     assert torch.equal(x_adv, x)
     assert counting.calls == [len(x)]  # the clean check only: no attack work
 
     mixed = y.clone()
     mixed[::2] = wrong[::2]
-    x_adv = A.pgd(model, x, mixed, eps=0.1, gen=gen(), steps=5)
+    x_adv = pgd_m.pgd(model, x, mixed, eps=0.1, gen=gen(), steps=5)
     assert torch.equal(x_adv[::2], x[::2])
 
 
 def test_pgd_early_stop_costs_no_extra_forward(model, data) -> None:
     x, y = data
     counting = Counting(model)
-    A.pgd(counting, x, y, eps=1e-4, gen=gen(), steps=7, restarts=1)
+    pgd_m.pgd(counting, x, y, eps=1e-4, gen=gen(), steps=7, restarts=1)
     # clean check + one forward per step (its logits decide who is still correct) + final evaluation
     assert len(counting.calls) == 1 + 7 + 1
 
@@ -264,7 +271,7 @@ def test_pgd_early_stop_costs_no_extra_forward(model, data) -> None:
 def test_pgd_early_stop_shrinks_the_work(model, data) -> None:
     x, y = data
     counting = Counting(model)
-    A.pgd(counting, x, y, eps=0.3, gen=gen(), steps=10, step_size=0.05)
+    pgd_m.pgd(counting, x, y, eps=0.3, gen=gen(), steps=10, step_size=0.05)
     step_calls = counting.calls[1:-1]
     assert step_calls[-1] < step_calls[0]  # fooled examples leave the batch
 
@@ -273,8 +280,8 @@ def test_pgd_more_restarts_never_weaker(model, data) -> None:
     # Restart 1 draws the same random start in both runs; later restarts can only add fooled examples.
     x, y = data
     for eps in (0.1,):
-        one = A.pgd(model, x, y, eps=eps, gen=gen(3), steps=5, step_size=eps / 3, restarts=1)
-        three = A.pgd(model, x, y, eps=eps, gen=gen(3), steps=5, step_size=eps / 3, restarts=3)
+        one = pgd_m.pgd(model, x, y, eps=eps, gen=gen(3), steps=5, step_size=eps / 3, restarts=1)
+        three = pgd_m.pgd(model, x, y, eps=eps, gen=gen(3), steps=5, step_size=eps / 3, restarts=3)
         with torch.no_grad():
             fooled_one = model(one).argmax(1) != y
             fooled_three = model(three).argmax(1) != y
@@ -283,9 +290,9 @@ def test_pgd_more_restarts_never_weaker(model, data) -> None:
 
 def test_pgd_is_deterministic_given_the_generator(model, data) -> None:
     x, y = data
-    a = A.pgd(model, x, y, eps=0.1, gen=gen(5), steps=3)
-    b = A.pgd(model, x, y, eps=0.1, gen=gen(5), steps=3)
-    c = A.pgd(model, x, y, eps=0.1, gen=gen(6), steps=3)
+    a = pgd_m.pgd(model, x, y, eps=0.1, gen=gen(5), steps=3)
+    b = pgd_m.pgd(model, x, y, eps=0.1, gen=gen(5), steps=3)
+    c = pgd_m.pgd(model, x, y, eps=0.1, gen=gen(6), steps=3)
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -294,8 +301,8 @@ def test_attacks_leave_no_grad_and_ignore_callers_no_grad(data) -> None:
     trainable = copy.deepcopy(digits_model()).requires_grad_(True)  # parameters that require grad
     state = torch.get_rng_state()
     with torch.no_grad():
-        x_adv = A.pgd(trainable, x, y, eps=0.1, gen=gen(), steps=2)
-        x_fgsm = A.fgsm(trainable, x, y, eps=0.1, gen=gen())
+        x_adv = pgd_m.pgd(trainable, x, y, eps=0.1, gen=gen(), steps=2)
+        x_fgsm = fgsm_m.fgsm(trainable, x, y, eps=0.1, gen=gen())
     assert not torch.equal(x_adv, x) and not torch.equal(x_fgsm, x)
     assert all(p.grad is None for p in trainable.parameters())
     assert torch.equal(torch.get_rng_state(), state)  # native attacks draw from their generator only
@@ -337,14 +344,14 @@ def test_autoattack_adapter_passes_seed_attacks_and_targets(model, data, monkeyp
 
     monkeypatch.setattr(pyautoattack.AutoAttack, "run_standard_evaluation", spy)
     x, y = data
-    out = A.autoattack(
+    out = aa_m.autoattack(
         model, x[:8], y[:8], eps=0.03, gen=gen(1), version="custom", attacks=["apgd-ce", "apgd-t"]
     )
     assert isinstance(out, Tensor) and out.shape == x[:8].shape
     first = dict(seen)
     assert first["attacks"] == ["apgd-ce", "apgd-t"] and first["targets"] == 9 and first["batch_size"] == 8
     assert isinstance(first["seed"], int)
-    A.autoattack(model, x[:8], y[:8], eps=0.03, gen=gen(1), version="standard")
+    aa_m.autoattack(model, x[:8], y[:8], eps=0.03, gen=gen(1), version="standard")
     assert seen["seed"] == first["seed"] and seen["attacks"] == ["apgd-ce", "apgd-t", "fab-t", "square"]
 
 
@@ -352,8 +359,8 @@ def test_autoattack_real_run_is_seeded_and_in_ball(model, data) -> None:
     x, y = data
     x, y = x[:12], y[:12]
     kw = {"eps": 0.13, "version": "custom", "attacks": ["apgd-ce", "apgd-t"]}
-    a = A.autoattack(model, x, y, gen=gen(2), **kw)
-    b = A.autoattack(model, x, y, gen=gen(2), **kw)
+    a = aa_m.autoattack(model, x, y, gen=gen(2), **kw)
+    b = aa_m.autoattack(model, x, y, gen=gen(2), **kw)
     assert isinstance(a, Tensor) and torch.equal(a, b)
     check_perturbation(x, a, 0.13, "Linf")
     assert accuracy(model, a, y) < accuracy(model, x, y)
@@ -372,7 +379,7 @@ def test_autoattack_two_classes_runs_without_dlr(model, data) -> None:
     keep = y < 2
     x2, y2, two = x[keep][:8], y[keep][:8], TwoClass(model)
     with pytest.warns(UserWarning, match="dropped apgd-t"):
-        x_adv = A.autoattack(two, x2, y2, eps=0.3, gen=gen(), version="standard")
+        x_adv = aa_m.autoattack(two, x2, y2, eps=0.3, gen=gen(), version="standard")
     check_perturbation(x2, x_adv, 0.3, "Linf")
     assert accuracy(two, x_adv, y2) < accuracy(two, x2, y2)
 
@@ -380,7 +387,7 @@ def test_autoattack_two_classes_runs_without_dlr(model, data) -> None:
 def test_autoattack_custom_needs_attacks(model, data) -> None:
     x, y = data
     with pytest.raises(UserError, match="custom"):
-        A.autoattack(model, x[:2], y[:2], eps=0.1, gen=gen(), version="custom")
+        aa_m.autoattack(model, x[:2], y[:2], eps=0.1, gen=gen(), version="custom")
 
 
 # ============ torchattacks by name ============
@@ -415,7 +422,7 @@ def test_torchattacks_errors() -> None:
 
 
 def test_torchattacks_missing_is_a_one_line_user_error(monkeypatch) -> None:
-    monkeypatch.setattr(A, "_TORCHATTACKS_CACHE", {})
+    monkeypatch.setattr(ta_m, "_TORCHATTACKS_CACHE", {})
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # simulate "not installed"
     with pytest.raises(UserError, match=r"pip install 'robustbench-nacl\[torchattacks\]'"):
         resolve_attack("torchattacks.PGD")

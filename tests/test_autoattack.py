@@ -17,9 +17,11 @@ import torch
 from _models import digits_data, digits_model, one_thread
 from torch import Tensor, nn
 
-from robustbench_nacl.attack import attacks as A
-from robustbench_nacl.attack.attacks import AA_PINNED, ATTACKS, autoattack_components
-from robustbench_nacl.eval.sanity import check_perturbation
+from robustbench_nacl.attack import autoattack_adapter as aa_m
+from robustbench_nacl.attack import rng
+from robustbench_nacl.attack.autoattack_adapter import AA_PINNED, autoattack_components
+from robustbench_nacl.attack.base import ATTACKS
+from robustbench_nacl.attack.threat import check_perturbation
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 8 / 255
@@ -109,8 +111,8 @@ def test_standard_runs_the_four_attacks_with_the_reference_parameters(model, cle
     calls = _record_components(monkeypatch, run_original=False)  # nothing fooled: all four run
     x, y = clean
     gen = torch.Generator().manual_seed(3)
-    expected_seed = A.seed_from(torch.Generator().manual_seed(3))
-    x_adv = A.autoattack(model, x, y, eps=EPS, gen=gen, norm="Linf", version="standard", num_classes=10)
+    expected_seed = rng.seed_from(torch.Generator().manual_seed(3))
+    x_adv = aa_m.autoattack(model, x, y, eps=EPS, gen=gen, norm="Linf", version="standard", num_classes=10)
     assert torch.equal(x_adv, x)
     assert [attr for attr, _ in calls] == [REFERENCE_STANDARD[a][0] for a in ORDER]
     for name, (_, seen) in zip(ORDER, calls, strict=True):
@@ -123,7 +125,7 @@ def test_a_real_standard_run_calls_every_component_and_stays_in_the_ball(model, 
     calls = _record_components(monkeypatch, run_original=True)
     x, y = clean
     eps = 1e-3  # too small to fool anything: every component runs on every example
-    x_adv = A.autoattack(model, x, y, eps=eps, gen=torch.Generator().manual_seed(0), version="standard")
+    x_adv = aa_m.autoattack(model, x, y, eps=eps, gen=torch.Generator().manual_seed(0), version="standard")
     assert [attr for attr, _ in calls] == [REFERENCE_STANDARD[a][0] for a in ORDER]
     check_perturbation(x, x_adv, eps, "Linf")
 
@@ -143,7 +145,7 @@ def test_rows_record_the_settings_that_ran_and_the_implementation(model, clean, 
 
     monkeypatch.setattr(pyautoattack.AutoAttack, "run_standard_evaluation", spy)
     x, y = clean
-    A.autoattack(model, x, y, eps=EPS, gen=torch.Generator().manual_seed(0), version="standard")
+    aa_m.autoattack(model, x, y, eps=EPS, gen=torch.Generator().manual_seed(0), version="standard")
     assert ran == described["components"]
     for name in ORDER:  # and what is recorded is the reference
         want = {("rho" if k == "thr_decr" else k): v for k, v in REFERENCE_STANDARD[name][1].items()}
@@ -153,7 +155,7 @@ def test_rows_record_the_settings_that_ran_and_the_implementation(model, clean, 
 def test_fewer_classes_cap_the_targets_in_what_runs_and_what_is_recorded(model, clean, monkeypatch) -> None:
     calls = _record_components(monkeypatch, run_original=False)
     x, y = clean
-    A.autoattack(
+    aa_m.autoattack(
         model, x, y, eps=EPS, gen=torch.Generator().manual_seed(0), version="standard", num_classes=5
     )
     assert {attr: seen["n_target_classes"] for attr, seen in calls if "n_target_classes" in seen} == {
@@ -166,7 +168,7 @@ def test_fewer_classes_cap_the_targets_in_what_runs_and_what_is_recorded(model, 
 
 def test_only_public_pyautoattack_api_is_used() -> None:
     """No private member of a pyautoattack object (such as ``_set_version``) is touched."""
-    tree = ast.parse((ROOT / "robustbench_nacl" / "attack" / "attacks.py").read_text())
+    tree = ast.parse((ROOT / "robustbench_nacl" / "attack" / "autoattack_adapter.py").read_text())
     private = [
         ast.unparse(node)
         for node in ast.walk(tree)

@@ -15,17 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from robustbench_nacl.attack import attacks as A
+from robustbench_nacl.attack import fgsm as fgsm_m
+from robustbench_nacl.attack import runner
 from robustbench_nacl.attack.suites import load_suite
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.benchmark import (
-    WORST_CASE,
-    benchmark,
-    decode_bits,
-    derive_seed,
-    encode_bits,
-    eps_label,
-)
+from robustbench_nacl.eval.benchmark import WORST_CASE, benchmark, derive_seed
+from robustbench_nacl.results.bits import decode_bits, encode_bits
+from robustbench_nacl.results.eps import eps_label
 
 
 def _has_torchattacks() -> bool:
@@ -142,7 +138,7 @@ def test_every_eps_attacks_every_clean_correct_example_independently(model, data
     spec = load_suite(SUITE).attacks[1]
     for r in attack_rows(rows, "pgd"):
         gen = torch.Generator().manual_seed(derive_seed(0, "pgd", "Linf", dict(spec.params), r["eps"]))
-        x_adv = A.run_attack(
+        x_adv = runner.run_attack(
             "pgd",
             model,
             x[idx],
@@ -187,7 +183,7 @@ def test_fgsm_rows_equal_independent_fgsm_per_eps_on_a_non_monotone_model(data) 
     alone = []
     for r, e in zip(fgsm, eps, strict=True):
         with torch.no_grad():
-            correct = (model(A.fgsm(model, x, y, eps=e)).argmax(1) == y).numpy()
+            correct = (model(fgsm_m.fgsm(model, x, y, eps=e)).argmax(1) == y).numpy()
         alone.append(clean & correct)
         assert np.array_equal(bits(r), alone[-1]), e  # to the example
     # the model is what the test needs: fooled at 0.01, not at 0.02 (for many examples)
@@ -214,7 +210,7 @@ def test_fgsm_sweep_costs_one_backward_and_one_forward_per_eps(model, data) -> N
             return self.inner(t)
 
     gens = [None] * 5
-    correct, seconds = A.robust_under_attack(
+    correct, seconds = runner.robust_under_attack(
         "fgsm", Counting(), x, y, [0.01, 0.02, 0.05, 0.1, 0.2], norm="Linf", gens=gens, batch_size=len(x)
     )
     assert calls == [True] + [False] * 5 and correct.shape == (5, len(x)) and len(seconds) == 5

@@ -16,11 +16,11 @@ import pytest
 from scipy import stats
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.benchmark import encode_bits
-from robustbench_nacl.eval.rows import ResultRow, stamp_ids, write_row
 from robustbench_nacl.report.compare import Comparison, compare, compare_json, format_compare, main_compare
 from robustbench_nacl.report.leaderboard import build_context, render_leaderboard
 from robustbench_nacl.report.markdown import render_markdown
+from robustbench_nacl.results.bits import encode_bits
+from robustbench_nacl.results.rows import ResultRow, stamp_ids, write_row
 
 sys.path.insert(0, str(Path(__file__).parent / "data" / "leaderboard"))
 import families  # the fixture generator beside the fixture rows

@@ -15,8 +15,8 @@ from robustbench_nacl.data import datasets
 from robustbench_nacl.errors import DatasetNotFound
 from robustbench_nacl.eval.evaluate import evaluate, random_init_like, settings_for, transfer_default
 from robustbench_nacl.eval.probe import ProbeConfig
-from robustbench_nacl.eval.rows import IDENTITY, REQUIRED, ResultRow, load_rows
 from robustbench_nacl.models.foreign import load_encoder
+from robustbench_nacl.results.rows import IDENTITY, REQUIRED, ResultRow, load_rows
 from robustbench_nacl.training import TrainConfig, train
 
 QUICK = {"n_examples": 40, "probe": ProbeConfig(epochs=30, lr=1e-2), "progress": False}

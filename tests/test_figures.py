@@ -17,11 +17,11 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.text import Annotation, Text
 
-from robustbench_nacl.eval.rows import ResultRow, stamp_ids
 from robustbench_nacl.report import figures
 from robustbench_nacl.report.aggregate import Context
 from robustbench_nacl.report.leaderboard import build_context, render_leaderboard
 from robustbench_nacl.report.plotstyle import spread, styles
+from robustbench_nacl.results.rows import ResultRow, stamp_ids
 
 sys.path.insert(0, str(Path(__file__).parent / "data" / "leaderboard"))
 import families  # the fixture generator beside the fixture rows

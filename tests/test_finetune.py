@@ -16,12 +16,12 @@ from robustbench_nacl.data.datasets import ImageData, load_dataset
 from robustbench_nacl.eval import finetune as ft
 from robustbench_nacl.eval.benchmark import derive_seed
 from robustbench_nacl.eval.evaluate import evaluate
-from robustbench_nacl.eval.finetune import AffConfig, AlfConfig
 from robustbench_nacl.eval.probe import ProbeConfig
-from robustbench_nacl.eval.rows import protocol_name
 from robustbench_nacl.report import protocols
 from robustbench_nacl.report.compare import compare, format_compare
 from robustbench_nacl.report.leaderboard import render_leaderboard
+from robustbench_nacl.results.finetune import AffConfig, AlfConfig
+from robustbench_nacl.results.rows import protocol_name
 
 SUITE = {
     "name": "ft-test",

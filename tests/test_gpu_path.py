@@ -20,8 +20,10 @@ from _syncs import count_syncs
 from torch import Tensor, nn
 
 from robustbench_nacl import losses
-from robustbench_nacl.attack import attacks as A
+from robustbench_nacl.attack import pgd as pgd_m
+from robustbench_nacl.attack import runner
 from robustbench_nacl.attack.memory import halving_on_oom
+from robustbench_nacl.attack.norms import norm_ops
 from robustbench_nacl.augment import views
 from robustbench_nacl.cli import main
 from robustbench_nacl.eval.benchmark import benchmark
@@ -132,19 +134,19 @@ def test_pgd_without_syncs_steps_the_same_perturbations(monkeypatch: pytest.Monk
     x, y = x[:96], y[:96]
 
     def attack(eps: float) -> Tensor:
-        return A.pgd(model, x, y, eps=eps, gen=torch.Generator().manual_seed(0), steps=10, step_size=0.05)
+        return pgd_m.pgd(model, x, y, eps=eps, gen=torch.Generator().manual_seed(0), steps=10, step_size=0.05)
 
     compact = {eps: attack(eps) for eps in (0.05, 0.3)}  # the CPU's form: the batch shrinks
-    monkeypatch.setattr(A, "sync_free", lambda device: True)  # the accelerator's form, on the CPU
+    monkeypatch.setattr(pgd_m, "sync_free", lambda device: True)  # the accelerator's form, on the CPU
     for eps, ref in compact.items():
         assert torch.equal(attack(eps), ref), eps
     delta = torch.zeros_like(x)
-    ops = A._norm_ops("Linf")
+    ops = norm_ops("Linf")
     with count_syncs() as syncs:
-        A._pgd_steps_masked(model, x, y, delta, 0.3, ops, 10, 0.05, True)
+        pgd_m._pgd_steps_masked(model, x, y, delta, 0.3, ops, 10, 0.05, True)
     assert syncs.total == 0, syncs.counts
     with count_syncs() as syncs:  # the proxy sees what the masked form removed: >= 2 per step
-        A._pgd_steps_compact(model, x, y, delta.clone(), 0.3, ops, 10, 0.05, True)
+        pgd_m._pgd_steps_compact(model, x, y, delta.clone(), 0.3, ops, 10, 0.05, True)
     assert syncs.total >= 2 * 2, syncs.counts
 
 
@@ -318,9 +320,9 @@ def test_the_zoo_pool_spawns_its_workers_for_cuda() -> None:
 def test_attack_wall_time_waits_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[Any] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
-    A._clock(torch.device("cpu"))
+    runner._clock(torch.device("cpu"))
     assert synced == []
-    A._clock(torch.device("cuda", 0))
+    runner._clock(torch.device("cuda", 0))
     assert synced == [torch.device("cuda", 0)]
 
 
@@ -365,6 +367,6 @@ def test_cuda_training_and_pgd_steps_make_no_host_sync() -> None:
     xs, ys = xs[:64].cuda(), ys[:64].cuda()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        A._pgd_steps_masked(model, xs, ys, torch.zeros_like(xs), 0.1, A._norm_ops("Linf"), 5, 0.02, True)
+        pgd_m._pgd_steps_masked(model, xs, ys, torch.zeros_like(xs), 0.1, norm_ops("Linf"), 5, 0.02, True)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from robustbench_nacl.eval.rows import ResultRow, load_rows, stamp_ids
 from robustbench_nacl.report.html import embed_json
 from robustbench_nacl.report.leaderboard import main_leaderboard, render_leaderboard
+from robustbench_nacl.results.rows import ResultRow, load_rows, stamp_ids
 
 ROWS = Path(__file__).parent / "data" / "leaderboard" / "rows"
 CHROMIUM = Path("/usr/bin/chromium")

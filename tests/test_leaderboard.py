@@ -30,10 +30,10 @@ import pytest
 from scipy import stats
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.rows import LegacyRowError, ResultRow, load_rows, stamp_ids, write_row
 from robustbench_nacl.report.aggregate import aggregate
 from robustbench_nacl.report.leaderboard import build_context, main_leaderboard, render_leaderboard
 from robustbench_nacl.report.markdown import render_markdown
+from robustbench_nacl.results.rows import LegacyRowError, ResultRow, load_rows, stamp_ids, write_row
 
 DATA = Path(__file__).parent / "data" / "leaderboard"
 ROWS = DATA / "rows"

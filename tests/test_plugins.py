@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 import robustbench_nacl
 from robustbench_nacl import losses, plugins
-from robustbench_nacl.attack.attacks import ATTACKS, run_attack
+from robustbench_nacl.attack.base import ATTACKS
+from robustbench_nacl.attack.runner import run_attack
 from robustbench_nacl.data.datasets import DATASETS, load_dataset
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.io import sha256_bytes
@@ -168,7 +169,7 @@ def test_an_edited_file_is_another_plugin_whose_names_then_exist(tmp_path: Path)
         ),
         (
             """
-            from robustbench_nacl.attack.attacks import ATTACKS
+            from robustbench_nacl.attack.base import ATTACKS
 
             @ATTACKS.register("pgd", norms=("Linf",), params={}, family="iterative")
             def pgd(model, x, y, *, eps, gen=None, norm="Linf"):

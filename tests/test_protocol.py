@@ -14,8 +14,8 @@ import pytest
 from robustbench_nacl.data.datasets import canonical_spec
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
-from robustbench_nacl.eval.rows import load_rows
 from robustbench_nacl.report.leaderboard import render_leaderboard
+from robustbench_nacl.results.rows import load_rows
 from robustbench_nacl.training import TrainConfig, train
 
 QUICK: dict[str, Any] = {"n_examples": 40, "probe": ProbeConfig(epochs=20, lr=1e-2), "progress": False}

@@ -25,11 +25,11 @@ from robustbench_nacl import load_model, published_models, zoo
 from robustbench_nacl.cli import main
 from robustbench_nacl.data.datasets import load_dataset
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.benchmark import decode_bits
 from robustbench_nacl.eval.cards import card_schema
-from robustbench_nacl.eval.rows import load_rows
 from robustbench_nacl.packaged import published_dir
 from robustbench_nacl.published import coverage, find_model, model_rows
+from robustbench_nacl.results.bits import decode_bits
+from robustbench_nacl.results.rows import load_rows
 from robustbench_nacl.training import train
 from robustbench_nacl.utils import device_name
 
@@ -288,7 +288,7 @@ def test_verify_submission_accepts_a_genuine_one_and_rejects_a_tampered_row(
         bits = decode_bits(row["robust_bits"], n)
         i = int(bits.nonzero()[0][0])
         bits[i] = False
-        from robustbench_nacl.eval.benchmark import encode_bits
+        from robustbench_nacl.results.bits import encode_bits
 
         row.update(robust_bits=encode_bits(bits), n_robust=int(bits.sum()), robust_acc=float(bits.mean()))
         path.write_text(json.dumps(row))

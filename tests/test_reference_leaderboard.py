@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from robustbench_nacl.eval.rows import load_rows
 from robustbench_nacl.losses import PRESETS
 from robustbench_nacl.report.leaderboard import render_leaderboard
+from robustbench_nacl.results.rows import load_rows
 from robustbench_nacl.zoo import FMNIST_PRESETS
 
 BOARD = Path(__file__).resolve().parents[1] / "leaderboard"

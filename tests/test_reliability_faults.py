@@ -44,11 +44,11 @@ from conftest import run_cli
 
 from robustbench_nacl import io as rio
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval import rows as results
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.io import sha256_file, write_bytes_atomic, write_json_atomic
 from robustbench_nacl.models.checkpoint import read_manifest
+from robustbench_nacl.results import rows as results
 from robustbench_nacl.training import loop as trainer
 from robustbench_nacl.training import train
 

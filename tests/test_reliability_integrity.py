@@ -29,15 +29,16 @@ from _models import digits_data, digits_model, one_thread, small_cnn
 from _reliability import TINY
 from torch import Tensor, nn
 
-from robustbench_nacl.attack import attacks
+from robustbench_nacl.attack import base as attacks
 from robustbench_nacl.attack.suites import load_suite
 from robustbench_nacl.errors import SanityError, UserError
-from robustbench_nacl.eval.benchmark import decode_bits, derive_seed
+from robustbench_nacl.eval.benchmark import derive_seed
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig, ProbedClassifier
 from robustbench_nacl.eval.sanity import noise_accuracy
 from robustbench_nacl.io import sha256_file
 from robustbench_nacl.models.foreign import load_encoder
+from robustbench_nacl.results.bits import decode_bits
 from robustbench_nacl.training import train
 
 BENCH = sys.modules[

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.rows import (
+from robustbench_nacl.results.rows import (
     IDENTITY,
     REQUIRED,
     RESULT_KEYS,

@@ -270,7 +270,7 @@ def test_model_flags_are_distinct(evaluated) -> None:
 def test_autoattack_rows_record_which_component_decided_each_example(evaluated, encoder: str) -> None:
     """Survivors never increase from one component to the next, the last count is the row's robust
     count, and the examples each component decided are disjoint and make up the difference."""
-    from robustbench_nacl.eval.benchmark import decode_bits
+    from robustbench_nacl.results.bits import decode_bits
 
     row = next(r for r in evaluated(encoder, "aa") if r["attack"] == "autoattack")
     names = row["aa_components"].split(",")

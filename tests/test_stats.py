@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from robustbench_nacl.report.aggregate import Stat
 from robustbench_nacl.report.stats import (
+    Stat,
     discordant,
     holm,
     mcnemar,

@@ -94,7 +94,7 @@ def recording() -> Iterator[dict[float, dict[str, Any]]]:
 
 def component_fields(entry: dict[str, Any], attacked: Tensor, n: int, encode: Any) -> dict[str, Any]:
     """Flat row fields from one eps's record: ``attacked`` indexes the examples AutoAttack ran on (of
-    ``n``); ``encode`` packs a boolean mask as text (``benchmark.encode_bits``).
+    ``n``); ``encode`` packs a boolean mask as text (``results.bits.encode_bits``).
 
     ``aa_components``: the components in the order they ran; per component ``c`` (dashes as
     underscores): ``aa_n_robust_after_c`` and ``aa_robust_acc_after_c`` (examples still correct after

@@ -32,14 +32,10 @@ from typing import Any
 from ..errors import UserError
 from ..io import canonical_json
 from ..packaged import attacks_dir
-from .attacks import (
-    NORMS,
-    TORCHATTACKS_PREFIX,
-    attack_info,
-    resolve_attack,
-    short_repr,
-    torchattacks_params,
-)
+from .norms import NORMS
+from .params import short_repr
+from .runner import attack_info, resolve_attack
+from .torchattacks_adapter import TORCHATTACKS_PREFIX, torchattacks_params
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,12 +1,11 @@
-"""Threat models: the perturbation sets attacks must stay in, and how epsilon is written for humans.
+"""Threat models: the perturbation sets attacks must stay in, checked on every batch.
 
-Epsilon is always in [0,1] pixel units (the float is the truth); :func:`eps_label` gives the /255
-label shown beside it. :func:`check_perturbation` runs on every batch every attack returns.
+Epsilon is always in [0,1] pixel units (its /255 label for humans: ``results.eps.eps_label``).
+:func:`check_perturbation` runs on every batch every attack returns.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -18,12 +17,6 @@ PERTURBATION_NORMS: dict[str, Callable[[Tensor], Tensor]] = {
     "Linf": lambda d: d.flatten(1).abs().amax(1),
     "L2": lambda d: d.flatten(1).norm(dim=1),
 }
-
-
-def eps_label(eps: float) -> str:
-    """0.002 -> '0.51/255', 8/255 -> '8/255': epsilon in /255 units, two decimals unless whole."""
-    v = eps * 255
-    return f"{round(v)}/255" if math.isclose(v, round(v), abs_tol=1e-9) else f"{v:.2f}/255"
 
 
 def check_perturbation(x: Tensor, x_adv: Tensor, eps: float, norm: str, *, what: str = "attack") -> None:

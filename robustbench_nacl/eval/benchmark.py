@@ -2,7 +2,7 @@
 
 One row per (attack spec, eps), plus one ``worst_case`` row per (norm, eps), each carrying the
 sanity flags of :mod:`robustbench_nacl.eval.sanity` and the per-example outcomes as packed bit
-strings (``clean_bits``, ``robust_bits``: see :func:`encode_bits`). Rows are flat dicts
+strings (``clean_bits``, ``robust_bits``: see :func:`..results.bits.encode_bits`). Rows are flat dicts
 (accuracies as fractions).
 
 Protocol (see docs/decisions.md, 'Attack protocol'):
@@ -20,27 +20,25 @@ Protocol (see docs/decisions.md, 'Attack protocol'):
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..attack import autoattack as aa_trace
-from ..attack.attacks import attack_info, model_device, robust_under_attack
+from ..attack.grad import model_device
 from ..attack.memory import halving_on_oom
+from ..attack.runner import attack_info, robust_under_attack
 from ..attack.suites import AttackSpec, Suite, load_suite
-from ..attack.threat import eps_label
 from ..errors import UserError
 from ..io import canonical_json
+from ..results.bits import encode_bits
+from ..results.eps import eps_label
 from .cards import build_card, write_card
 from .sanity import (
     SANITY_N,
@@ -71,33 +69,6 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
 def predict(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
     """Logits for ``x`` in chunks of ``batch_size``."""
     return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
-
-
-# ============ per-example outcomes as compact strings ============
-
-
-def encode_bits(mask: Tensor | np.ndarray | Sequence[bool]) -> str:
-    """Per-example booleans as base64 text: ``numpy.packbits(mask, bitorder="little")``.
-
-    Example ``i`` is bit ``i % 8`` (least significant first) of byte ``i // 8``; the padding bits
-    of the last byte are 0. 10,000 examples take 1,668 characters.
-    """
-    arr = np.asarray(mask.detach().cpu() if isinstance(mask, Tensor) else mask, dtype=bool).ravel()
-    return base64.b64encode(np.packbits(arr, bitorder="little").tobytes()).decode("ascii")
-
-
-def decode_bits(text: str, n: int) -> np.ndarray:
-    """The ``n`` booleans :func:`encode_bits` packed into ``text`` (a one-line UserError if malformed)."""
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError, TypeError):
-        raise UserError(f"per-example bits {str(text)[:40]!r} are not base64 text") from None
-    if n < 0 or len(raw) != (n + 7) // 8:
-        raise UserError(f"per-example bits hold {len(raw)} bytes; {n} examples need {(n + 7) // 8}")
-    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").astype(bool)
-    if bits[n:].any():
-        raise UserError(f"per-example bits have set padding bits beyond example {n}: not {n} examples")
-    return bits[:n]
 
 
 # ============ inputs and clean pass ============

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..attack.threat import eps_label
 from ..io import write_json_atomic
 from ..packaged import schema_path
+from ..results.eps import eps_label
 
 CARD_FORMAT = 1
 SCHEMA = "model-card"

@@ -27,7 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .. import plugins
-from ..attack.attacks import ATTACKS
+from ..attack.base import ATTACKS
 from ..attack.suites import Suite, load_suite
 from ..data.corruptions import corrupt, parse_corruptions, parse_severities
 from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, parse_spec
@@ -37,13 +37,14 @@ from ..locks import advisory_lock, remove_temporaries
 from ..models.encoders import create_encoder, materialize_lazy
 from ..models.foreign import NORMALIZATIONS, load_encoder
 from ..registry import unknown_choice
+from ..results import rows as results
+from ..results.finetune import AffConfig, AlfConfig, FinetuneConfig
+from ..results.rows import KEY_PARAMS, ROW_FORMAT, ResultRow
 from ..utils import device_name, resolve_device, versions
-from . import rows as results
 from .benchmark import WORST_CASE, benchmark, derive_seed
-from .finetune import AffConfig, AlfConfig, FinetuneConfig, fit_protocol, parse_protocols, run_key
+from .finetune import fit_protocol, parse_protocols, run_key
 from .heads import HEADS_DIR, head_key, load_head, save_head
 from .probe import ProbeConfig, ProbedClassifier, fit_linear_probe
-from .rows import KEY_PARAMS, ROW_FORMAT, ResultRow
 
 SHIFT_NAMES = ("grayscale", "crop", "flip", "jitter", "grayscale+jitter")
 # Training-config fields that are not part of a recipe (for manifests without ``training_config``,

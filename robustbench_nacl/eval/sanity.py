@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attack.attacks import pgd
 from ..attack.autoattack import square_new_finds
+from ..attack.pgd import pgd
 from ..attack.threat import check_perturbation
 from ..errors import SanityError, UserError
 from ..utils import ieee_fp32

@@ -19,18 +19,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from ..errors import UserError
-from ..eval.rows import KEY_PARAMS, SETTINGS, ResultRow, eps_label
-from .stats import t_interval, wilson_interval
+from ..results.eps import eps_label
+from ..results.rows import KEY_PARAMS, SETTINGS, ResultRow
+from .fmt import MISSING
+from .metrics import MetricKey, Run, metric_key, metric_name, n_examples, run_of
+from .stats import Stat
 
 HEADLINE_EPS = 0.002
 CONTROL_LABEL = "random-init (control)"
-MISSING = "–"
-
-Run = tuple[str, Any, Any]  # (checkpoint sha256, evaluation seed, probe seed)
-MetricKey = tuple[str, str, float]  # (attack, norm, eps)
 
 
 # ============ recipes, statistics, entries ============
@@ -67,39 +64,6 @@ class Recipe:
         if extra:
             parts.append(f"({', '.join(extra)})")
         return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class Stat:
-    """Mean, sample std (None for a single run) and 95 % interval of one metric over runs.
-
-    ``interval``: ``"t"`` (Student-t over seeds, n >= 2), ``"wilson"`` (Wilson score over the test
-    examples, one seed) or ``""`` (none). Bounds are clipped to [0, 1], where accuracy lives (see
-    docs/decisions.md, 'Leaderboard intervals').
-    """
-
-    mean: float | None
-    std: float | None
-    n: int
-    lo: float | None = None
-    hi: float | None = None
-    interval: str = ""
-
-    @staticmethod
-    def of(values: Iterable[float], n_examples: int = 0) -> Stat:
-        """The statistics of per-run accuracies measured on ``n_examples`` test examples each."""
-        v = np.asarray(list(values), dtype=float)
-        if v.size == 0:
-            return Stat(None, None, 0)
-        mean = float(v.mean())
-        if v.size > 1:
-            (lo, hi), kind = t_interval(v), "t"
-        elif n_examples > 0:
-            (lo, hi), kind = wilson_interval(round(mean * n_examples), n_examples), "wilson"
-        else:
-            return Stat(mean, None, 1)
-        std = float(v.std(ddof=1)) if v.size > 1 else None
-        return Stat(mean, std, int(v.size), max(0.0, lo), min(1.0, hi), kind)
 
 
 def _short_hash(obj: Any, n: int = 10) -> str:
@@ -157,11 +121,6 @@ class Entry:
         return [(r, failed_checks(r)) for r in self.rows if r.get("sanity_ok") is False]
 
 
-def metric_name(attack: str, norm: str, eps: float) -> str:
-    """Column stem of one attack metric, e.g. ``fgsm_Linf_0.002``."""
-    return f"{attack}_{norm}_{eps:g}"
-
-
 def failed_checks(row: Mapping[str, Any]) -> list[str]:
     """The sanity checks a row failed (``sanity_failed``, else its false ``sanity_*`` flags)."""
     named = row.get("sanity_failed")
@@ -181,11 +140,6 @@ def validate_rows(rows: Sequence[Mapping[str, Any]], source: Any = None) -> list
     return [ResultRow.from_json(r, source=source) for r in rows]
 
 
-def run_of(r: Mapping[str, Any]) -> Run:
-    """The run a row belongs to: (checkpoint sha256, evaluation seed, probe seed)."""
-    return (r["checkpoint_sha256"], r["seed"], r["probe_config"].get("seed"))
-
-
 def protocol_context(protocol: Mapping[str, Any]) -> str:
     """A hash of the protocol without its dataset and setting."""
     return _short_hash({k: v for k, v in protocol.items() if k not in ("dataset", "setting")})
@@ -200,15 +154,6 @@ def table_key(r: ResultRow) -> tuple[str, str, str]:
         rest = {k: v for k, v in r.protocol.items() if k not in ("corruption", "severity")}
         return (r.setting, r.dataset, protocol_context(rest))
     return (r.setting, r.dataset, r.protocol_id)
-
-
-def n_examples(r: Mapping[str, Any]) -> int:
-    """The number of test examples a row was measured on."""
-    return int(r.get("n_examples_evaluated") or r.get("n_examples") or 0)
-
-
-def metric_key(r: Mapping[str, Any]) -> MetricKey:
-    return (r["attack"], r["norm"], round(float(r["eps"]), 12))
 
 
 def _recipe(r: ResultRow) -> Recipe:
@@ -389,43 +334,6 @@ def protocol_notes(tables: list[list[Entry]]) -> list[str]:
 
 
 # ============ formatting helpers shared by the renderers ============
-
-
-def pct(x: float | None) -> str:
-    """A fraction as a percentage with one decimal (``–`` when absent)."""
-    return MISSING if x is None else f"{100 * x:.1f}"
-
-
-def fmt_interval(s: Stat) -> str:
-    """The 95 % interval in percent, ``[69.1, 73.5]``; empty when there is none."""
-    return "" if s.lo is None or s.hi is None else f"[{pct(s.lo)}, {pct(s.hi)}]"
-
-
-def fmt_stat(s: Stat) -> str:
-    """Percent with its 95 % interval: ``71.3 [69.1, 73.5]``; the mean alone without one; ``–`` absent."""
-    if s.mean is None:
-        return MISSING
-    ci = fmt_interval(s)
-    return f"{pct(s.mean)} {ci}" if ci else pct(s.mean)
-
-
-def fmt_with_n(s: Stat, n_runs: int) -> str:
-    """``fmt_stat``, plus ``(n=k)`` when the metric was measured on fewer runs than the recipe has."""
-    text = fmt_stat(s)
-    return f"{text} (n={s.n})" if s.mean is not None and s.n != n_runs else text
-
-
-ATTACK_NAMES = {"fgsm": "FGSM", "pgd": "PGD", "worst_case": "worst case", "autoattack": "AutoAttack"}
-
-
-def metric_label(name: str, keys: Iterable[MetricKey] = ()) -> str:
-    """Display name of a metric name (``clean`` or an ``attack_norm_eps`` stem among ``keys``),
-    e.g. ``worst case@0.032 (8.16/255)``; an L2 metric names its norm."""
-    for attack, norm, eps in keys:
-        if metric_name(attack, norm, eps) == name:
-            what = ATTACK_NAMES.get(attack, attack) + ("" if norm == "Linf" else f" {norm}")
-            return f"{what}@{eps:g}" + (f" ({eps_label(eps)})" if norm == "Linf" else "")
-    return name
 
 
 def distinct(values: Iterable[Any]) -> list[Any]:

@@ -25,20 +25,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..eval.benchmark import decode_bits
-from ..eval.rows import SETTINGS, protocol_name
-from .aggregate import (
-    CONTROL_LABEL,
-    Context,
-    Entry,
-    Run,
-    aggregate,
-    metric_key,
-    metric_label,
-    metric_name,
-    run_of,
-    validate_rows,
-)
+from ..results.bits import decode_bits
+from ..results.rows import SETTINGS, protocol_name
+from .aggregate import CONTROL_LABEL, Context, Entry, Table, aggregate, validate_rows
+from .fmt import MISSING, fmt_diff, fmt_p
+from .metrics import Run, metric_key, metric_label, metric_name, run_of
 from .stats import holm, mcnemar_combined, paired_difference, t_interval
 
 NO_BITS = "no per-example outcomes in these rows (written before rows stored them)"
@@ -295,6 +286,17 @@ def attach_comparisons(ctx: Context, baseline: str | None = None, baseline_recip
         raise UserError(f"--baseline-recipe {baseline_recipe}: no recipe of {family} in any table matches it")
 
 
+def table_delta(ctx: Context, table: Table, e: Entry) -> Comparison | str | None:
+    """What the Δ column shows for ``e``: None where its table has no baseline, ``"baseline"`` for
+    the baseline itself, ``–`` where nothing was compared, else the comparison."""
+    if table.key not in ctx.baselines:
+        return None
+    if ctx.baselines[table.key] == e.uid:
+        return "baseline"
+    c = ctx.comparisons.get(e.uid)
+    return MISSING if c is None or c.diff is None else c
+
+
 # ============ robustbench-nacl compare ============
 
 
@@ -348,25 +350,6 @@ def compare(rows: Sequence[Any], baseline: str, *, baseline_recipe: str | None =
 # ============ output ============
 
 
-def fmt_points(x: float | None, sign: bool = True) -> str:
-    """A difference of accuracies in percentage points, ``+4.4``."""
-    return "–" if x is None else f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
-
-
-def fmt_p(p: float | None) -> str:
-    """``0.012``, ``<0.001``, ``1`` (two significant digits); ``–`` without a test."""
-    if p is None:
-        return "–"
-    return "<0.001" if p < 0.001 else f"{p:.2g}"
-
-
-def fmt_diff(c: Comparison) -> str:
-    """``+4.4 [+1.1, +7.8]``; the difference alone where it has no interval."""
-    if c.lo is None or c.hi is None:
-        return fmt_points(c.diff)
-    return f"{fmt_points(c.diff)} [{fmt_points(c.lo)}, {fmt_points(c.hi)}]"
-
-
 def format_compare(result: CompareResult) -> str:
     """The comparisons as a text table with a legend and notes (what ``compare`` prints)."""
     from tabulate import tabulate
@@ -381,8 +364,8 @@ def format_compare(result: CompareResult) -> str:
         "",
     ]
     body = [
-        [c.setting, c.dataset, c.metric_label, c.candidate, str(c.n_pairs), fmt_diff(c), fmt_p(c.p),
-         fmt_p(c.p_holm) + (" *" if c.p_holm is not None and c.p_holm < 0.05 else "")]
+        [c.setting, c.dataset, c.metric_label, c.candidate, str(c.n_pairs), fmt_diff(c.diff, c.lo, c.hi),
+         fmt_p(c.p), fmt_p(c.p_holm) + (" *" if c.p_holm is not None and c.p_holm < 0.05 else "")]
         for c in result.comparisons
     ]  # fmt: skip
     heads = ["setting", "dataset", "metric", "candidate", "seed pairs", "Δ [95 % interval]", "p", "p (Holm)"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .aggregate import Context, Entry, Recipe, Table, pct
+from .aggregate import Context, Entry, Recipe, Table
+from .fmt import pct
 from .markdown import _heading, _ident_cols, _ident_headers, _show_differs, _table_md
 from .ranking import tie
 

@@ -6,10 +6,13 @@ import csv
 import io
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ..eval.rows import eps_label
-from .aggregate import Context, Entry, distinct, metric_key, metric_name, n_examples, provenance
+from ..results.eps import eps_label
+from .aggregate import Context, Entry, distinct, provenance
+from .fmt import round6
+from .metrics import metric_key, metric_name, n_examples
 
 
 def _metric_names(entries: list[Entry]) -> list[str]:
@@ -48,8 +51,8 @@ def records(ctx: Context) -> list[dict[str, Any]]:
         }
         for name in metrics:
             s = e.stat(name)
-            rec |= {f"{name}_mean": _round(s.mean), f"{name}_std": _round(s.std), f"{name}_n": s.n}
-            rec |= {f"{name}_lo": _round(s.lo), f"{name}_hi": _round(s.hi), f"{name}_interval": s.interval}
+            rec |= {f"{name}_mean": round6(s.mean), f"{name}_std": round6(s.std), f"{name}_n": s.n}
+            rec |= {f"{name}_lo": round6(s.lo), f"{name}_hi": round6(s.hi), f"{name}_interval": s.interval}
         rec |= _ranking_fields(ctx, e)
         fails = e.failures()
         rec["sanity_ok"] = not fails
@@ -68,7 +71,7 @@ def _ranking_fields(ctx: Context, e: Entry) -> dict[str, Any]:
     rec["baseline"] = ctx.baseline_family if table.key in ctx.baselines else None
     rec["is_baseline"] = is_base
     for k in ("diff", "lo", "hi"):
-        rec[f"vs_baseline_{k}"] = _round(getattr(c, k)) if c else None
+        rec[f"vs_baseline_{k}"] = round6(getattr(c, k)) if c else None
     rec |= {f"vs_baseline_{k}": getattr(c, k) if c else None for k in ("interval", "b", "c", "n_pairs")}
     rec |= {f"vs_baseline_{k}": _round_p(getattr(c, k)) if c else None for k in ("p", "p_holm")}
     rec["vs_baseline_pairing"] = c.pairing if c else None
@@ -78,10 +81,6 @@ def _ranking_fields(ctx: Context, e: Entry) -> dict[str, Any]:
 def _round_p(p: float | None) -> float | None:
     # p-values keep their magnitude (a fixed 6 decimals would turn 3e-9 into 0)
     return None if p is None else float(f"{p:.6g}")
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 6)
 
 
 def to_csv(table: Sequence[Mapping[str, Any]], columns: list[str]) -> bytes:
@@ -152,23 +151,25 @@ def results_csv(recs: list[dict[str, Any]]) -> bytes:
     return to_csv(recs, list(recs[0]) if recs else [])
 
 
-def leaderboard_json(
-    ctx: Context,
-    recs: list[dict[str, Any]],
-    *,
-    title: str,
-    command: str | None,
-    dropped: int,
-    figures: Mapping[str, str],
-    skipped: Mapping[str, str],
-) -> bytes:
+@dataclass(frozen=True)
+class RenderMeta:
+    """How one render was made (written into LEADERBOARD.md's legend and leaderboard.json)."""
+
+    title: str
+    command: str | None  # the command line that rendered it, if any
+    dropped: int  # duplicate rows ignored
+    figures: Mapping[str, str]  # file name -> caption of each plot drawn
+    skipped: Mapping[str, str]  # file name -> why a plot was not drawn
+
+
+def leaderboard_json(ctx: Context, recs: list[dict[str, Any]], meta: RenderMeta) -> bytes:
     """leaderboard.json: the render's metadata, provenance, protocol notes and every record."""
     prov = provenance(ctx.rows)
     prov["checkpoints"] = [list(c) for c in prov["checkpoints"]]
     prov["suites"] = [list(c) for c in prov["suites"]]
     data = {
-        "title": title,
-        "command": command,
+        "title": meta.title,
+        "command": meta.command,
         "headline_eps": ctx.headline_eps,
         "headline_eps_label": eps_label(ctx.headline_eps),
         "rank_by": ctx.rank_by,
@@ -177,11 +178,11 @@ def leaderboard_json(
         "comparison_notes": ctx.compare_notes,
         "left_out": ctx.left_out,
         "n_rows": len(ctx.rows),
-        "duplicates_ignored": dropped,
+        "duplicates_ignored": meta.dropped,
         "provenance": prov,
         "protocol_notes": {t.key: t.note for t in ctx.tables if t.note},
-        "figures": dict(figures),
-        "skipped": dict(skipped),
+        "figures": dict(meta.figures),
+        "skipped": dict(meta.skipped),
         "results": recs,
     }
     return (json.dumps(data, indent=1) + "\n").encode()

@@ -19,8 +19,9 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from ..eval.rows import eps_label
-from .aggregate import Context, Entry, Table, join, metric_key, metric_name
+from ..results.eps import eps_label
+from .aggregate import Context, Entry, Table, join
+from .metrics import metric_key, metric_name
 from .plotstyle import FONT, Style, label_line_ends, label_points, styles
 
 # Fixed pixel sizes (inches x dpi) so the figures are comparable between renders; tests check them.

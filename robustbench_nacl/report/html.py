@@ -17,9 +17,11 @@ import json
 import re
 from typing import Any
 
-from .aggregate import MISSING, Context, Entry, Stat, distinct, fmt_interval, pct, provenance
-from .compare import fmt_diff, fmt_p, fmt_points
+from .aggregate import Context, Entry, distinct, provenance
+from .compare import table_delta
 from .export import display_order
+from .fmt import MISSING, fmt_diff, fmt_interval, fmt_points, p_label, pct, round6
+from .stats import Stat
 
 _CSS = """
 :root { color-scheme: light dark; --fg: #1b1f24; --bg: #fff; --mute: #57606a; --line: #d0d7de;
@@ -324,14 +326,10 @@ def html_table(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     return html_columns(ctx), rows
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 6)
-
-
 def _stat_cell(s: Stat, n_runs: int) -> dict[str, Any]:
     """The mean (and ``(n=k)``), its interval on a line below, the mean as the sort value."""
     text = pct(s.mean) + (f" (n={s.n})" if s.mean is not None and s.n != n_runs else "")
-    cell: dict[str, Any] = {"text": text, "value": _round(s.mean)}
+    cell: dict[str, Any] = {"text": text, "value": round6(s.mean)}
     if s.lo is not None:
         cell["sub"] = fmt_interval(s)
         cell["title"] = (
@@ -342,16 +340,12 @@ def _stat_cell(s: Stat, n_runs: int) -> dict[str, Any]:
 
 def _delta_cell(ctx: Context, e: Entry) -> dict[str, Any]:
     """The ranking metric minus the baseline's (points), the Holm-adjusted p below it."""
-    table = ctx.table_of(e)
-    if ctx.baselines.get(table.key) == e.uid:
-        return {"text": "baseline"}
-    c = ctx.comparisons.get(e.uid)
-    if c is None or c.diff is None:
-        return {"text": MISSING}
-    p = fmt_p(c.p_holm)
-    sub = "p –" if c.p_holm is None else f"p{'' if p.startswith('<') else '='}{p}"
-    cell: dict[str, Any] = {"text": fmt_points(c.diff), "value": _round(c.diff), "sub": sub}
-    cell["title"] = f"{fmt_diff(c)} points, paired {c.pairing}" + (f"; {c.note}" if c.note else "")
+    c = table_delta(ctx, ctx.table_of(e), e)
+    if c is None or isinstance(c, str):
+        return {"text": MISSING if c is None else c}
+    cell: dict[str, Any] = {"text": fmt_points(c.diff), "value": round6(c.diff), "sub": p_label(c.p_holm)}
+    note = f"; {c.note}" if c.note else ""
+    cell["title"] = f"{fmt_diff(c.diff, c.lo, c.hi)} points, paired {c.pairing}{note}"
     return cell
 
 

@@ -1,6 +1,6 @@
 """Render the leaderboard from result rows: Markdown, CSV, JSON, the NaCl figures and a static HTML page.
 
-Nothing here evaluates anything: the input is result rows (``eval.rows.load_rows``), from one
+Nothing here evaluates anything: the input is result rows (``results.rows.load_rows``), from one
 directory or several (yours beside a reference: :mod:`.sources`). Rows are grouped into *recipes*
 by ``recipe_id`` (what was trained, seeds aggregated away) and into tables by ``protocol_id`` (how
 it was measured); see :mod:`.aggregate`. Every accuracy carries a 95 % interval. Each table is
@@ -94,6 +94,7 @@ def render_leaderboard(
         log.info("leaderboard: %s skipped: %s", name, why)
         # a plot left over from an earlier render would describe rows that are no longer here
         (out / name).unlink(missing_ok=True)
+    meta = export.RenderMeta(title, command, dropped, captions, skipped)
     page = markdown.render_markdown(
         ctx, title=title, command=command, dropped=dropped, figures=captions, skipped=skipped
     )
@@ -101,8 +102,7 @@ def render_leaderboard(
     recs = export.records(ctx)
     write("results.csv", export.results_csv(recs))
     write("rows.csv", export.rows_csv(ctx.rows))
-    meta = {"title": title, "command": command, "dropped": dropped, "figures": captions, "skipped": skipped}
-    write("leaderboard.json", export.leaderboard_json(ctx, recs, **meta))
+    write("leaderboard.json", export.leaderboard_json(ctx, recs, meta))
     lead, items = markdown.legend(ctx, command, dropped)
     columns, table = html.html_table(ctx)
     site = html.render_page(

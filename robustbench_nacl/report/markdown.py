@@ -10,22 +10,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..eval.rows import SETTINGS, eps_label
+from ..results.eps import eps_label
+from ..results.rows import SETTINGS
 from . import protocols
-from .aggregate import (
-    CONTROL_LABEL,
-    MISSING,
-    Context,
-    Entry,
-    Recipe,
-    Table,
-    distinct,
-    fmt_with_n,
-    join,
-    pct,
-    provenance,
-)
-from .compare import NO_BITS, fmt_p, fmt_points
+from .aggregate import CONTROL_LABEL, Context, Entry, Recipe, Table, distinct, join, provenance
+from .compare import NO_BITS, table_delta
+from .fmt import MISSING, fmt_points, fmt_with_n, p_label, pct
 from .ranking import tie
 
 
@@ -96,21 +86,37 @@ def _delta_header(ctx: Context, table: Table) -> list[str]:
 
 def _delta_cell(ctx: Context, table: Table, e: Entry) -> list[str]:
     """``+4.4 (p=0.012)`` (Holm-adjusted), ``+4.4 (p –)`` without per-example outcomes, ``baseline``."""
-    if table.key not in ctx.baselines:
-        return []
-    if ctx.baselines[table.key] == e.uid:
-        return ["baseline"]
-    c = ctx.comparisons.get(e.uid)
-    if c is None or c.diff is None:
-        return [MISSING]
-    p = fmt_p(c.p_holm)
-    return [f"{fmt_points(c.diff)} (p{' ' if c.p_holm is None else '' if p.startswith('<') else '='}{p})"]
+    d = table_delta(ctx, table, e)
+    if d is None or isinstance(d, str):
+        return [] if d is None else [d]
+    return [f"{fmt_points(d.diff)} ({p_label(d.p_holm)})"]
 
 
 def _headline_cols(ctx: Context, table: Table) -> list[tuple[str, str]]:
     """(header, metric) of the headline FGSM and PGD columns, unless one is the ranking metric."""
     cols = [(f"FGSM@{ctx.eps_text}", ctx.fgsm), (f"PGD@{ctx.eps_text}", ctx.pgd)]
     return [(h, m) for h, m in cols if m != table.rank_metric]
+
+
+def _ranked_heads(
+    ctx: Context, table: Table, differs: bool, headline: list[tuple[str, str]], extra: list[str]
+) -> tuple[list[str], list[str]]:
+    """Headers and alignment of an in-domain or transfer table: who, n, clean, the ranking metric,
+    Δ, the headline attacks, ``extra`` and sanity."""
+    heads, align = _ident_headers(ctx, table.setting, differs)
+    heads += ["n", "clean", f"{table.rank_label} ▼", *_delta_header(ctx, table), *(h for h, _ in headline)]
+    heads += [*extra, "sanity"]
+    return heads, align + ["right"] * (len(heads) - len(align) - 1) + ["left"]
+
+
+def _ranked_cells(
+    ctx: Context, table: Table, e: Entry, differs: bool, headline: list[tuple[str, str]]
+) -> list[str]:
+    """The cells of one entry under :func:`_ranked_heads` up to the headline attacks."""
+    n = len(e.runs)
+    line = [*_ident_cols(ctx, e, differs), str(n), fmt_with_n(e.stat("clean"), n)]
+    line += [fmt_with_n(e.stat(table.rank_metric), n), *_delta_cell(ctx, table, e)]
+    return line + [fmt_with_n(e.stat(m), n) for _, m in headline]
 
 
 def _no_p_note(ctx: Context, table: Table) -> list[str]:
@@ -132,17 +138,11 @@ def _table_in_domain(ctx: Context, table: Table) -> list[str]:
     )
     differs = _show_differs(group)
     metric, headline = table.rank_metric, _headline_cols(ctx, table)
-    heads, align = _ident_headers(ctx, "in-domain", differs)
-    heads += ["n", "clean", f"{table.rank_label} ▼", *_delta_header(ctx, table), *(h for h, _ in headline)]
-    heads += [f"→ {t} clean / {table.rank_label}" for t in targets]
-    heads.append("sanity")
-    align += ["right"] * (len(heads) - len(align) - 1) + ["left"]
+    to_targets = [f"→ {t} clean / {table.rank_label}" for t in targets]
+    heads, align = _ranked_heads(ctx, table, differs, headline, to_targets)
     body = []
     for e in group:
-        n = len(e.runs)
-        line = [*_ident_cols(ctx, e, differs), str(n), fmt_with_n(e.stat("clean"), n)]
-        line += [fmt_with_n(e.stat(metric), n), *_delta_cell(ctx, table, e)]
-        line += [fmt_with_n(e.stat(m), n) for _, m in headline]
+        line = _ranked_cells(ctx, table, e, differs, headline)
         for t in targets:
             te = ctx.partner(e, "transfer", t)
             line.append(" / ".join(pct(te.stat(m).mean) for m in ("clean", metric)) if te else MISSING)
@@ -156,18 +156,9 @@ def _table_transfer(ctx: Context, table: Table) -> list[str]:
     group = sorted(table.entries, key=lambda e: e.rank)
     sources = join(e.recipe.pretrain_dataset for e in group)
     differs = _show_differs(group)
-    metric, headline = table.rank_metric, _headline_cols(ctx, table)
-    heads, align = _ident_headers(ctx, "transfer", differs)
-    heads += ["n", "clean", f"{table.rank_label} ▼", *_delta_header(ctx, table), *(h for h, _ in headline)]
-    heads.append("sanity")
-    align += ["right"] * (len(heads) - len(align) - 1) + ["left"]
-    body = []
-    for e in group:
-        n = len(e.runs)
-        line = [*_ident_cols(ctx, e, differs), str(n), fmt_with_n(e.stat("clean"), n)]
-        line += [fmt_with_n(e.stat(metric), n), *_delta_cell(ctx, table, e)]
-        line += [fmt_with_n(e.stat(m), n) for _, m in headline]
-        body.append([*line, ctx.flag([e])])
+    headline = _headline_cols(ctx, table)
+    heads, align = _ranked_heads(ctx, table, differs, headline, [])
+    body = [[*_ranked_cells(ctx, table, e, differs, headline), ctx.flag([e])] for e in group]
     title = f"## Transfer: probe on {table.dataset} (encoders pretrained on {sources})"
     return [
         *_heading(title, table, table.rank_label),

@@ -15,8 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from ..eval.finetune import PROTOCOLS, AffConfig, AlfConfig
-from .aggregate import Context, Entry, _short_hash, fmt_stat, metric_key, metric_label, metric_name
+from ..results.finetune import PROTOCOLS, AffConfig, AlfConfig
+from .aggregate import Context, Entry, _short_hash
+from .fmt import fmt_stat
+from .metrics import metric_key, metric_label, metric_name
 
 FIGURE = "robust_by_protocol.png"
 DEFAULTS = {"alf": AlfConfig, "aff": AffConfig}

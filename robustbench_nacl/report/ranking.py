@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import UserError
-from .aggregate import Entry, MetricKey, Table, metric_label, metric_name
+from .aggregate import Entry, Table
+from .metrics import MetricKey, metric_label, metric_name
 
 DEFAULT_RANK_BY = "worst_case@max"
 _SPEC = re.compile(r"^(?P<attack>[A-Za-z][\w.]*?)(?:_(?P<norm>Linf|L2))?(?:@(?P<eps>[^@]+))?$")

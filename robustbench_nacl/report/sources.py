@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..eval.rows import ResultRow, load_rows
+from ..results.rows import ResultRow, load_rows
 from .aggregate import table_key, validate_rows
 
 DirRows = list[tuple[str, list[ResultRow]]]

@@ -7,7 +7,8 @@
   s of the candidate against seed s of the baseline) into one exact test;
 - :func:`paired_difference`: the accuracy difference with its interval (over seeds, or over
   examples for one seed);
-- :func:`holm`: Holm's step-down correction across the comparisons of a table.
+- :func:`holm`: Holm's step-down correction across the comparisons of a table;
+- :class:`Stat`: one metric over runs (mean, std, 95 % interval), as the tables show it.
 
 scipy provides the distributions; nothing here is approximate where an exact test exists.
 """
@@ -15,7 +16,7 @@ scipy provides the distributions; nothing here is approximate where an exact tes
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,3 +125,36 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         out[i] = running
     return out
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean, sample std (None for a single run) and 95 % interval of one metric over runs.
+
+    ``interval``: ``"t"`` (Student-t over seeds, n >= 2), ``"wilson"`` (Wilson score over the test
+    examples, one seed) or ``""`` (none). Bounds are clipped to [0, 1], where accuracy lives (see
+    docs/decisions.md, 'Leaderboard intervals').
+    """
+
+    mean: float | None
+    std: float | None
+    n: int
+    lo: float | None = None
+    hi: float | None = None
+    interval: str = ""
+
+    @staticmethod
+    def of(values: Iterable[float], n_examples: int = 0) -> Stat:
+        """The statistics of per-run accuracies measured on ``n_examples`` test examples each."""
+        v = np.asarray(list(values), dtype=float)
+        if v.size == 0:
+            return Stat(None, None, 0)
+        mean = float(v.mean())
+        if v.size > 1:
+            (lo, hi), kind = t_interval(v), "t"
+        elif n_examples > 0:
+            (lo, hi), kind = wilson_interval(round(mean * n_examples), n_examples), "wilson"
+        else:
+            return Stat(mean, None, 1)
+        std = float(v.std(ddof=1)) if v.size > 1 else None
+        return Stat(mean, std, int(v.size), max(0.0, lo), min(1.0, hi), kind)

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from robustbench_nacl.eval.benchmark import encode_bits
-from robustbench_nacl.eval.rows import ResultRow, eps_label, load_rows, stamp_ids, write_row
+from robustbench_nacl.results.bits import encode_bits
+from robustbench_nacl.results.eps import eps_label
+from robustbench_nacl.results.rows import ResultRow, load_rows, stamp_ids, write_row
 
 ROWS = Path(__file__).parent / "rows"
 N = 180

@@ -1,4 +1,4 @@
-"""Result rows: the only thing that leaves an evaluation.
+"""Result rows: the only thing that leaves an evaluation (typed, validated, content-addressed; no torch).
 
 A row is a :class:`ResultRow`: typed required fields plus free-form provenance (``extra``). On disk
 it is one flat JSON object per file (``ResultRow.to_json``), content-addressed by the fields that
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..attack.threat import eps_label  # noqa: F401  (re-exported for renderers)
 from ..errors import UserError
 from ..io import canonical_json, write_json_atomic
 
