@@ -8,7 +8,7 @@ The public API (everything else is reachable through the submodules)::
 from . import plugins
 from ._version import __version__
 from .attack.suites import load_suite
-from .data.datasets import load_dataset
+from .data import load_dataset
 from .eval.benchmark import benchmark
 from .eval.evaluate import evaluate
 from .eval.probe import ProbeConfig, fit_linear_probe

@@ -326,7 +326,7 @@ def _encoders_args(p: argparse.ArgumentParser) -> None:
 def run_datasets(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from .data.datasets import DATASETS
+    from .data import DATASETS
 
     rows = [
         [n, DATASETS.info(n).get("num_classes"), DATASETS.info(n).get("how_to_get", "")]

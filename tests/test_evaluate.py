@@ -11,7 +11,7 @@ import torch
 from conftest import run_cli
 
 import robustbench_nacl.eval.evaluate as evaluate_module
-from robustbench_nacl.data import datasets
+from robustbench_nacl.data import clear_cache, download
 from robustbench_nacl.errors import DatasetNotFound
 from robustbench_nacl.eval.evaluate import evaluate, random_init_like, settings_for, transfer_default
 from robustbench_nacl.eval.probe import ProbeConfig
@@ -144,8 +144,8 @@ def test_a_missing_dataset_fails_before_any_row_is_written(
     ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # offline: cifar10 can be neither found under the empty data root nor downloaded
-    monkeypatch.setattr(datasets, "_download", lambda *a: urllib.error.URLError("no network"))
-    datasets.clear_cache()
+    monkeypatch.setattr(download, "_download", lambda *a: urllib.error.URLError("no network"))
+    clear_cache()
     with pytest.raises(DatasetNotFound, match="cifar10"):
         evaluate(
             ckpt, transfer="cifar10", shift="flip", suite="quick", out=tmp_path / "out",

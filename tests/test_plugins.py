@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import robustbench_nacl
 from robustbench_nacl import losses, plugins
 from robustbench_nacl.attack.attacks import ATTACKS, run_attack
-from robustbench_nacl.data.datasets import DATASETS, load_dataset
+from robustbench_nacl.data import DATASETS, load_dataset
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.io import sha256_bytes
 from robustbench_nacl.losses import AGGREGATORS, OBJECTIVES, PRESETS

@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 from .. import plugins
 from ..attack.attacks import ATTACKS
 from ..attack.suites import Suite, load_suite
+from ..data import DATASETS, ImageData, canonical_spec, load_dataset, parse_spec
 from ..data.corruptions import corrupt, parse_corruptions, parse_severities
-from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, parse_spec
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
 from ..locks import advisory_lock, remove_temporaries
@@ -98,7 +98,7 @@ def transfer_default(dataset: str) -> str | None:
     spec = parse_spec(dataset)
     if spec.subset is None:
         return None
-    from ..data.datasets import DATASETS
+    from ..data import DATASETS
 
     n = DATASETS.info(spec.name)["num_classes"]
     rest = [c for c in range(n) if c not in spec.subset]

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from .. import losses
 from ..augment import views as augment
-from ..data.datasets import ImageData, load_dataset
+from ..data import ImageData, load_dataset
 from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
 from ..locks import remove_temporaries

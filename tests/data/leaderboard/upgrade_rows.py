@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from robustbench_nacl.data.datasets import canonical_spec
+from robustbench_nacl.data import canonical_spec
 from robustbench_nacl.eval.evaluate import recipe_of
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.rows import ROW_FORMAT, ResultRow, row_path, stamp_ids, write_row
