@@ -470,7 +470,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 def _resolve_transfer(args: argparse.Namespace) -> str | None:
     """``--transfer auto``: the complementary classes of the in-domain class subset."""
-    from .eval.evaluate import transfer_default
+    from .eval.settings import transfer_default
     from .models.foreign import load_encoder
 
     if args.transfer != "auto":

@@ -10,12 +10,14 @@ import pytest
 import torch
 from conftest import run_cli
 
-import robustbench_nacl.eval.evaluate as evaluate_module
+import robustbench_nacl.eval.runner as runner_module
 from robustbench_nacl.data import clear_cache, download
 from robustbench_nacl.errors import DatasetNotFound
-from robustbench_nacl.eval.evaluate import evaluate, random_init_like, settings_for, transfer_default
+from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.rows import IDENTITY, REQUIRED, ResultRow, load_rows
+from robustbench_nacl.eval.settings import settings_for, transfer_default
+from robustbench_nacl.eval.source import random_init_like
 from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.training import TrainConfig, train
 
@@ -93,7 +95,7 @@ def test_rerun_writes_nothing_says_so_and_force_recomputes(
 
     with monkeypatch.context() as m:  # a re-run neither probes, nor attacks, nor loads data
         for name in ("fit_linear_probe", "benchmark", "load_dataset"):
-            m.setattr(evaluate_module, name, no_work)
+            m.setattr(runner_module, name, no_work)
         again = evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
     assert sorted((tmp_path / "rows").glob("*.json")) == files
     assert all(p.stat().st_mtime_ns == stamps[p] for p in files)  # nothing rewritten
