@@ -11,9 +11,10 @@ import torch
 from conftest import run_cli
 
 import robustbench_nacl.eval.runner as runner_module
-from robustbench_nacl.data import clear_cache, download
-from robustbench_nacl.errors import DatasetNotFound
-from robustbench_nacl.eval.evaluate import evaluate
+from robustbench_nacl.data import DatasetSpec, clear_cache, download, parse_spec
+from robustbench_nacl.errors import DatasetNotFound, UserError
+from robustbench_nacl.eval.config import DataOptions, EvalConfig, OutputOptions
+from robustbench_nacl.eval.evaluate import evaluate, planned_identities
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.rows import IDENTITY, REQUIRED, ResultRow, load_rows
 from robustbench_nacl.eval.settings import settings_for, transfer_default
@@ -49,6 +50,26 @@ def test_settings_and_transfer_default() -> None:
     assert settings_for("digits:0,1,2,3,4", ["digits:5,6,7,8,9", "digits:5-9"], None) == settings_for(
         "digits:0-4", "digits:5-9", None
     )
+
+
+def test_settings_take_a_parsed_spec_and_keep_the_canonical_string() -> None:
+    spec = parse_spec("digits:0,1,2,3,4")
+    assert settings_for(spec, "digits:5-9", "flip") == settings_for("digits:0-4", "digits:5-9", "flip")
+    assert [s.dataset for s in settings_for(spec, None, "flip")] == ["digits:0-4", "digits:0-4@flip"]
+    assert transfer_default(spec) == "digits:5-9"
+    assert str(DatasetSpec("digits", tuple(range(10))).canonical()) == "digits"
+
+
+def test_the_config_form_is_the_keyword_form() -> None:
+    keywords = {"transfer": "digits:5-9", "suite": "quick", "n_examples": 40, "seed": 1}
+    config = EvalConfig.from_keywords(dataset="digits:0-4", **keywords)
+    assert config.data == DataOptions("digits:0-4", "digits:5-9", n_examples=40) and config.seed == 1
+    assert config.output == OutputOptions() and config.attack.suite == "quick"
+    assert planned_identities(parse_spec("digits:0-4"), **keywords) == planned_identities(
+        "digits:0-4", **keywords
+    )
+    with pytest.raises(UserError, match="pass either config= or keyword arguments, not both"):
+        evaluate("no-such-checkpoint", config, seed=2)
 
 
 def test_rows_carry_provenance_and_pass_sanity(ckpt: Path, tmp_path: Path) -> None:
