@@ -44,7 +44,7 @@ def _step(preset: str, pool: torch.Tensor, batch: int, overrides: dict[str, Any]
 
 def run(args: Any) -> dict[str, Any]:
     """Median step time of every preset and its ratio to SimCLR's."""
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.training import TrainConfig, train
 
     batch = 128 if args.quick else 256

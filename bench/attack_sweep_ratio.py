@@ -43,7 +43,7 @@ PGD = {"eps": 0.002, "alpha": 0.01, "steps": 10, "restarts": 2}
 def _classifier(quick: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Train a classifier with our trainer's step code, return it frozen as the attacked model."""
     from robustbench_nacl import losses
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.eval.probe import ProbedClassifier
     from robustbench_nacl.training import TrainConfig, TrainStep, build_model
 
@@ -156,7 +156,7 @@ def _contenders(model: torch.nn.Module, data: dict[str, torch.Tensor], acc: dict
 
 def run(args: Any) -> dict[str, Any]:
     """Measure the contenders alternately; the value is ours_sweep / torchattacks_sweep (wall time)."""
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
 
     n = 200 if args.quick else 500
     reps = args.reps or (1 if args.quick else 3)

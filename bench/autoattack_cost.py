@@ -60,7 +60,7 @@ def _pass_time(model: nn.Module, x: torch.Tensor, grad: bool) -> float:
 def _classifier() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     from _reliability import TINY
 
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.eval.probe import ProbeConfig, fit_linear_probe
     from robustbench_nacl.models.foreign import load_encoder
     from robustbench_nacl.training import train
@@ -74,8 +74,8 @@ def _classifier() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 
 def _corruption_times() -> dict[str, Any]:
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.data.corruptions import corrupt, corruption_names
-    from robustbench_nacl.data.datasets import load_dataset
 
     sets = {
         "digits_360x1x8x8": load_dataset("digits", "test").x,

@@ -31,7 +31,7 @@ from torch import nn
 
 
 def _data(kind: str, n: int) -> Any:
-    from robustbench_nacl.data.datasets import ImageData, load_dataset
+    from robustbench_nacl.data import ImageData, load_dataset
 
     if kind == "digits":
         d = load_dataset("digits", "train")

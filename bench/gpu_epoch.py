@@ -72,7 +72,7 @@ def _dataset(cuda: bool, data_root: str | None) -> tuple[str, str]:
     """The training data of the figure and how to describe it."""
     if not cuda:
         return "digits:0-4", "digits classes 0-4 (the first 256 training images)"
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.errors import UserError
 
     try:
@@ -84,7 +84,7 @@ def _dataset(cuda: bool, data_root: str | None) -> tuple[str, str]:
 
 
 def _register_random_cifar() -> None:
-    from robustbench_nacl.data.datasets import DATASETS
+    from robustbench_nacl.data import DATASETS
 
     if RANDOM_CIFAR in DATASETS:
         return
@@ -189,7 +189,7 @@ def time_train(cfg: Any, device: str) -> dict[str, Any]:
 def step_epoch_s(cfg: Any, device: str, cudnn_benchmark: bool) -> float:
     """One epoch of ``TrainStep`` alone, after a warm-up of 3 steps (the old figure's measurement)."""
     from robustbench_nacl import losses
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.training import TrainStep, build_model
 
     before = torch.backends.cudnn.benchmark

@@ -90,7 +90,7 @@ def child_eval(n: int, threads: int) -> None:
     from torch import nn
 
     import robustbench_nacl as rbn
-    from robustbench_nacl.data.datasets import normalization
+    from robustbench_nacl.data import normalization
     from robustbench_nacl.eval.probe import ProbedClassifier
     from robustbench_nacl.models.encoders import create_encoder
 

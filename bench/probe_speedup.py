@@ -1,7 +1,7 @@
 """Figure ``probe_speedup``: our cached-feature linear probe vs re-encoding the data every epoch.
 
 Both train the same linear layer (Adam 3e-4, batch 256, the paper's 1000 epochs) on the frozen
-encoder's features of real Fashion-MNIST images (``robustbench_nacl.data.datasets.load_dataset``), with the
+encoder's features of real Fashion-MNIST images (``robustbench_nacl.data.load_dataset``), with the
 test accuracy computed every epoch (our probe logs the best epoch):
 
 - ``ours``: ``probe.fit_linear_probe`` (features once, then the fused-Adam loop on the cached tensor),
@@ -29,7 +29,7 @@ EPOCHS = 1000
 
 def run(args: Any) -> dict[str, Any]:
     """Measure and extrapolate; the value is the speed-up factor."""
-    from robustbench_nacl.data.datasets import load_dataset, normalization
+    from robustbench_nacl.data import load_dataset, normalization
     from robustbench_nacl.eval.probe import ProbeConfig, fit_linear_probe
     from robustbench_nacl.models.encoders import create_encoder
 

@@ -23,7 +23,7 @@ TARGET = 1.15
 def _setup(encoder: str, batch: int) -> tuple[Any, Any, torch.Tensor, dict[str, Any]]:
     """Model, TrainStep, the uint8 training pool and a description of the data."""
     from robustbench_nacl import losses
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.training import TrainConfig, TrainStep, build_model
 
     if encoder == "convnet_small":

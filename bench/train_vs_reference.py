@@ -34,7 +34,7 @@ TARGET_GPU = 3.0
 def run(args: Any) -> dict[str, Any]:
     """Measure both pipelines alternately and report the images/s ratio."""
     from robustbench_nacl import losses
-    from robustbench_nacl.data.datasets import load_dataset
+    from robustbench_nacl.data import load_dataset
     from robustbench_nacl.training import TrainConfig, TrainStep, build_model
 
     batch, steps, workers = 256, (3 if args.quick else 6), 2

@@ -17,7 +17,7 @@ from ._version import __version__
 # serves load no torch: name -> the module that defines it.
 _LAZY = {
     "load_suite": "attack.suites",
-    "load_dataset": "data.datasets",
+    "load_dataset": "data",
     "benchmark": "eval.benchmark",
     "evaluate": "eval.evaluate",
     "ProbeConfig": "eval.probe",
@@ -41,7 +41,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # what the names are, for readers and type checkers; nothing is imported at run time
     from .attack.suites import load_suite
-    from .data.datasets import load_dataset
+    from .data import load_dataset
     from .eval.benchmark import benchmark
     from .eval.evaluate import evaluate
     from .eval.probe import ProbeConfig, fit_linear_probe

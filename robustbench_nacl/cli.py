@@ -326,7 +326,7 @@ def _encoders_args(p: argparse.ArgumentParser) -> None:
 def run_datasets(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from .data.datasets import DATASETS
+    from .data import DATASETS
 
     rows = [
         [n, DATASETS.info(n).get("num_classes"), DATASETS.info(n).get("how_to_get", "")]
@@ -470,7 +470,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 def _resolve_transfer(args: argparse.Namespace) -> str | None:
     """``--transfer auto``: the complementary classes of the in-domain class subset."""
-    from .eval.evaluate import transfer_default
+    from .eval.settings import transfer_default
     from .models.foreign import load_encoder
 
     if args.transfer != "auto":
@@ -486,8 +486,8 @@ def _resolve_transfer(args: argparse.Namespace) -> str | None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from .eval.evaluate import evaluate
-    from .eval.finetune import AffConfig, AlfConfig
     from .eval.probe import ProbeConfig
+    from .results.finetune import AffConfig, AlfConfig
 
     refuse_reference_dir(args.out)
     checkpoint, heads = _eval_source(args)
@@ -638,7 +638,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
     _protocol_arg(p)
-    from .eval.finetune import AffConfig, AlfConfig
+    from .results.finetune import AffConfig, AlfConfig
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
     add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")
@@ -913,10 +913,10 @@ def _zoo_launch(args: argparse.Namespace, tasks: list[Any], options: Any) -> int
 
 def _zoo_run(args: argparse.Namespace) -> int:
     """Train, evaluate and render a whole zoo; resumable (finished entries and rows are skipped)."""
-    from .eval.rows import load_rows
     from .locks import sweep
     from .pipeline import run_entries
     from .report.leaderboard import render_leaderboard
+    from .results.rows import load_rows
 
     if args.launcher != "local":
         raise UserError(

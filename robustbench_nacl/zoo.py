@@ -116,7 +116,7 @@ def expected_id(encoder: str, loss: str, dataset: str, seed: int, tag: str = "")
 
 def parse_entry(data: Any, source: str) -> ZooEntry:
     """Validate one manifest; every problem is a one-line UserError naming the file and the field."""
-    from .data.datasets import parse_spec
+    from .data import parse_spec
     from .losses import resolve
     from .models.encoders import check_encoder
 

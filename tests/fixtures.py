@@ -1,6 +1,6 @@
 """Tiny dataset fixtures in the real on-disk formats, so tests exercise the real loaders.
 
-Each writer puts files where ``robustbench_nacl.data.datasets`` looks for them under a data root and
+Each writer puts files where ``robustbench_nacl.data`` looks for them under a data root and
 returns the arrays it wrote, as the loader should return them: ``x`` uint8 (N, C, H, W), ``y``
 int64 (N,), for ``train`` and ``test``. Labels cycle through every class (then are shuffled), so
 class subsets of a fixture are never empty as long as n >= num_classes.

@@ -12,7 +12,7 @@ import torch
 
 from robustbench_nacl.cli import main
 from robustbench_nacl.data import corruptions as C
-from robustbench_nacl.data.datasets import load_dataset
+from robustbench_nacl.data import load_dataset
 from robustbench_nacl.errors import UserError
 
 

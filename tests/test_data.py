@@ -1,4 +1,4 @@
-"""Tests for robustbench_nacl.data.datasets: every loader is run on tiny fixtures in the real file formats."""
+"""Tests for robustbench_nacl.data: every loader is run on tiny fixtures in the real file formats."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from fixtures import (  # tests/ is on sys.path under pytest's default import mo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from robustbench_nacl.data import datasets as data
-from robustbench_nacl.data.datasets import (
+import robustbench_nacl.data as data
+from robustbench_nacl.data import (
     DATASETS,
     ENV_VAR,
     DatasetSpec,
@@ -35,10 +35,12 @@ from robustbench_nacl.data.datasets import (
     data_root,
     dataset_names,
     load_dataset,
+    loaders,
     normalization,
     parse_spec,
     read_idx,
     restricted_unpickle,
+    shifts,
 )
 from robustbench_nacl.errors import DatasetNotFound, UserError
 from robustbench_nacl.registry import Registry
@@ -227,7 +229,7 @@ def _fake_augment(monkeypatch, calls: list[tuple[int, int]]) -> None:
 def test_shift_plumbing(monkeypatch):
     calls: list[tuple[int, int]] = []
     _fake_augment(monkeypatch, calls)
-    monkeypatch.setattr(data, "SHIFT_CHUNK", 500)
+    monkeypatch.setattr(shifts, "SHIFT_CHUNK", 500)
     base = load_dataset("digits", "train")
     a = load_dataset("digits@noise", "train")
     assert [n for n, _ in calls] == [500, 500, 437]  # chunked, one generator across chunks
@@ -443,7 +445,7 @@ def test_incomplete_folder_is_not_overwritten(tmp_path):
 
 @pytest.mark.parametrize("name", ["cifar100", "stl10", "tinyimagenet", "mnist", "fashion-mnist"])
 def test_every_dataset_reports_not_found(tmp_path, monkeypatch, name):
-    monkeypatch.setattr(data, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "no-system-copy")
+    monkeypatch.setattr(loaders, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "no-system-copy")
     root = tmp_path / "data"
     root.mkdir()
     before = tree(tmp_path)
@@ -520,7 +522,7 @@ def test_truncated_idx_dataset_is_a_clean_error(tmp_path):
 def test_fashion_mnist_from_debian_package(tmp_path):
     """Debian's dataset-fashion-mnist puts the gzipped IDX files in /usr/share/datasets/fashion-mnist."""
     root = tmp_path / "empty-root"
-    system_dir = data.FASHION_MNIST_SYSTEM_DIR
+    system_dir = loaders.FASHION_MNIST_SYSTEM_DIR
     if (system_dir / "train-images-idx3-ubyte.gz").is_file():
         tr = load_dataset("fashion-mnist", "train", root=root, download=False)
         te = load_dataset("fashion-mnist", "test", root=root, download=False)

@@ -10,11 +10,14 @@ import pytest
 import torch
 from conftest import run_cli
 
-import robustbench_nacl.eval.evaluate as evaluate_module
-from robustbench_nacl.data import datasets
-from robustbench_nacl.errors import DatasetNotFound
-from robustbench_nacl.eval.evaluate import evaluate, random_init_like, settings_for, transfer_default
+import robustbench_nacl.eval.runner as runner_module
+from robustbench_nacl.data import DatasetSpec, clear_cache, download, parse_spec
+from robustbench_nacl.errors import DatasetNotFound, UserError
+from robustbench_nacl.eval.config import DataOptions, EvalConfig, OutputOptions
+from robustbench_nacl.eval.evaluate import evaluate, planned_identities
 from robustbench_nacl.eval.probe import ProbeConfig
+from robustbench_nacl.eval.settings import settings_for, transfer_default
+from robustbench_nacl.eval.source import random_init_like
 from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.results.rows import IDENTITY, REQUIRED, ResultRow, load_rows
 from robustbench_nacl.training import TrainConfig, train
@@ -47,6 +50,26 @@ def test_settings_and_transfer_default() -> None:
     assert settings_for("digits:0,1,2,3,4", ["digits:5,6,7,8,9", "digits:5-9"], None) == settings_for(
         "digits:0-4", "digits:5-9", None
     )
+
+
+def test_settings_take_a_parsed_spec_and_keep_the_canonical_string() -> None:
+    spec = parse_spec("digits:0,1,2,3,4")
+    assert settings_for(spec, "digits:5-9", "flip") == settings_for("digits:0-4", "digits:5-9", "flip")
+    assert [s.dataset for s in settings_for(spec, None, "flip")] == ["digits:0-4", "digits:0-4@flip"]
+    assert transfer_default(spec) == "digits:5-9"
+    assert str(DatasetSpec("digits", tuple(range(10))).canonical()) == "digits"
+
+
+def test_the_config_form_is_the_keyword_form() -> None:
+    keywords = {"transfer": "digits:5-9", "suite": "quick", "n_examples": 40, "seed": 1}
+    config = EvalConfig.from_keywords(dataset="digits:0-4", **keywords)
+    assert config.data == DataOptions("digits:0-4", "digits:5-9", n_examples=40) and config.seed == 1
+    assert config.output == OutputOptions() and config.attack.suite == "quick"
+    assert planned_identities(parse_spec("digits:0-4"), **keywords) == planned_identities(
+        "digits:0-4", **keywords
+    )
+    with pytest.raises(UserError, match="pass either config= or keyword arguments, not both"):
+        evaluate("no-such-checkpoint", config, seed=2)
 
 
 def test_rows_carry_provenance_and_pass_sanity(ckpt: Path, tmp_path: Path) -> None:
@@ -93,7 +116,7 @@ def test_rerun_writes_nothing_says_so_and_force_recomputes(
 
     with monkeypatch.context() as m:  # a re-run neither probes, nor attacks, nor loads data
         for name in ("fit_linear_probe", "benchmark", "load_dataset"):
-            m.setattr(evaluate_module, name, no_work)
+            m.setattr(runner_module, name, no_work)
         again = evaluate(ckpt, transfer="digits:5-9", suite="quick", out=tmp_path, **QUICK)
     assert sorted((tmp_path / "rows").glob("*.json")) == files
     assert all(p.stat().st_mtime_ns == stamps[p] for p in files)  # nothing rewritten
@@ -144,8 +167,8 @@ def test_a_missing_dataset_fails_before_any_row_is_written(
     ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # offline: cifar10 can be neither found under the empty data root nor downloaded
-    monkeypatch.setattr(datasets, "_download", lambda *a: urllib.error.URLError("no network"))
-    datasets.clear_cache()
+    monkeypatch.setattr(download, "_download", lambda *a: urllib.error.URLError("no network"))
+    clear_cache()
     with pytest.raises(DatasetNotFound, match="cifar10"):
         evaluate(
             ckpt, transfer="cifar10", shift="flip", suite="quick", out=tmp_path / "out",

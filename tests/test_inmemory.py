@@ -11,8 +11,9 @@ from torch import nn
 
 from robustbench_nacl import render_leaderboard
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.evaluate import evaluate, state_dict_sha256
+from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
+from robustbench_nacl.eval.source import state_dict_sha256
 from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.training import TrainConfig, train
 

@@ -366,7 +366,7 @@ def test_heads_are_checked_against_the_objective() -> None:
 
 
 def test_a_bad_head_fails_before_any_data_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from robustbench_nacl.data.datasets import DATASETS
+    from robustbench_nacl.data import DATASETS
     from robustbench_nacl.training import TrainConfig, train
 
     def no_loading(*args, **kwargs):

@@ -19,7 +19,7 @@ import robustbench_nacl
 from robustbench_nacl import losses, plugins
 from robustbench_nacl.attack.base import ATTACKS
 from robustbench_nacl.attack.runner import run_attack
-from robustbench_nacl.data.datasets import DATASETS, load_dataset
+from robustbench_nacl.data import DATASETS, load_dataset
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.io import sha256_bytes
 from robustbench_nacl.losses import AGGREGATORS, OBJECTIVES, PRESETS
@@ -603,7 +603,7 @@ def test_manifest_and_rows_record_the_plugins(tmp_path: Path) -> None:
 
 def test_an_attack_from_a_plugin_is_part_of_the_protocol(tmp_path: Path) -> None:
     from robustbench_nacl.attack.suites import load_suite
-    from robustbench_nacl.eval.evaluate import attack_versions
+    from robustbench_nacl.eval.settings import attack_versions
 
     readme = (ROOT / "examples" / "README.md").read_text()
     block = readme.split("## Attacks and datasets", 1)[1].split("```python", 1)[1].split("```", 1)[0]

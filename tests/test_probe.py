@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from robustbench_nacl.data.datasets import load_dataset
+from robustbench_nacl.data import load_dataset
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval.probe import (
     ProbeConfig,

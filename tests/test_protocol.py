@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from robustbench_nacl.data.datasets import canonical_spec
+from robustbench_nacl.data import canonical_spec
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.report.leaderboard import render_leaderboard

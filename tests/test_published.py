@@ -23,7 +23,7 @@ from _reliability import TINY
 
 from robustbench_nacl import load_model, published_models, zoo
 from robustbench_nacl.cli import main
-from robustbench_nacl.data.datasets import load_dataset
+from robustbench_nacl.data import load_dataset
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval.cards import card_schema
 from robustbench_nacl.packaged import published_dir

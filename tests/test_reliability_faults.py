@@ -336,7 +336,7 @@ def test_read_only_out_is_one_line_exit_2_before_any_work(
     with _read_only_dir(tmp_path / "ro") as ro:
         out = ro / "out"
         # probing or training would be wasted work: the check must come before it
-        monkeypatch.setattr(sys.modules["robustbench_nacl.eval.evaluate"], "_run_setting", _must_not_run)
+        monkeypatch.setattr(sys.modules["robustbench_nacl.eval.runner"], "_run_setting", _must_not_run)
         monkeypatch.setattr(trainer, "load_dataset", _must_not_run)  # train() checks before loading data
         args = eval_args(ckpt, out) if command == "eval" else train_args(out)
         rc, _, err = cli(args, capsys)

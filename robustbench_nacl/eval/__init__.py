@@ -1,1 +1,2 @@
-"""Evaluation: probe, sanity checks, benchmark, evaluate, result rows."""
+"""Evaluation: probe, sanity checks, benchmark, result rows, and evaluate (evaluate.py, the entry;
+config.py, source.py, recipe.py, settings.py and runner.py, its parts)."""

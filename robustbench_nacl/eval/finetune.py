@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..attack.grad import input_grad
-from ..data.datasets import ImageData
+from ..data import ImageData
 from ..errors import UserError
 from ..io import atomic_open, canonical_json, sha256_bytes, write_bytes_atomic
 from ..models.features import extract_features, knn_accuracy

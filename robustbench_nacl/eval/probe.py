@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..data.datasets import ImageData
+from ..data import ImageData
 from ..errors import UserError
 from ..models.features import KNN_K, KNN_T, extract_features, knn_accuracy
 from ..utils import cpu_threads

@@ -162,7 +162,7 @@ class ResultRow(Mapping[str, Any]):
     control: bool
     pretrain_dataset: str | None
     setting: str
-    dataset: str  # canonical spec (data.datasets.canonical_spec)
+    dataset: str  # canonical spec (data.spec.canonical_spec)
     attack: str
     norm: str
     eps: float

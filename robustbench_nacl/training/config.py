@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data import DatasetSpec, parse_spec
 from ..errors import UserError
 from ..models.encoders import check_encoder
 
@@ -43,6 +45,11 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return dataclasses.asdict(self)
+
+    @functools.cached_property
+    def spec(self) -> DatasetSpec:
+        """``dataset`` parsed, once (the string stays the field: it is what the manifest records)."""
+        return parse_spec(self.dataset)
 
 
 def check_settings(cfg: TrainConfig) -> None:

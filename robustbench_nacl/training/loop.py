@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from .. import losses
 from ..augment import views as augment
-from ..data.datasets import ImageData, load_dataset
+from ..data import ImageData, load_dataset
 from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
 from ..locks import remove_temporaries
@@ -150,12 +150,12 @@ def _check_out(out: Path, cfg: TrainConfig, resume: bool) -> bool:
 
 def _load_data(cfg: TrainConfig, dev: torch.device) -> _Data:
     """Both splits (the training split cut to ``cfg.max_train``), the training images on ``dev``."""
-    train_set = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    train_set = load_dataset(cfg.spec, "train", root=cfg.data_root)
     if cfg.max_train is not None:
         train_set = dataclasses.replace(
             train_set, x=train_set.x[: cfg.max_train], y=train_set.y[: cfg.max_train]
         )
-    test_set = load_dataset(cfg.dataset, "test", root=cfg.data_root)
+    test_set = load_dataset(cfg.spec, "test", root=cfg.data_root)
     check_train_size(cfg, len(train_set))
     return _Data(train_set, test_set, train_set.x.to(dev), train_set.y.to(dev))
 

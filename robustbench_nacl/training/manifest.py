@@ -23,7 +23,7 @@ import importlib.metadata
 from typing import Any
 
 from .. import losses, plugins
-from ..data.datasets import canonical_spec, normalization
+from ..data import canonical_spec, normalization
 from ..io import canonical_json, sha256_bytes
 from ..models.checkpoint import WEIGHTS, read_manifest, resolve_manifest_path
 from ..models.encoders import ENCODERS, TIMM_PREFIX

@@ -11,7 +11,7 @@ import torch
 
 from .. import losses
 from ..augment import views as augment
-from ..data.datasets import normalization
+from ..data import normalization
 from ..errors import NonFiniteLoss
 from ..losses.adversarial import StepContext
 from ..losses.objectives import Objective

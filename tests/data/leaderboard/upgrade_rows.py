@@ -13,9 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-from robustbench_nacl.data.datasets import canonical_spec
-from robustbench_nacl.eval.evaluate import recipe_of
+from robustbench_nacl.data import canonical_spec
 from robustbench_nacl.eval.probe import ProbeConfig
+from robustbench_nacl.eval.recipe import recipe_of
+from robustbench_nacl.eval.source import CheckpointInfo
 from robustbench_nacl.models.encoders import create_encoder
 from robustbench_nacl.results.rows import ROW_FORMAT, ResultRow, row_path, stamp_ids, write_row
 from robustbench_nacl.training import TrainConfig
@@ -35,7 +36,7 @@ def recipe(row: dict) -> dict:
     ).to_dict()
     info = {"encoder": row["encoder"], "dataset": row["pretrain_dataset"], "format": "ours"}
     info |= {"config": config, "loss_params": row["loss_params"], "sha256": row["checkpoint_sha256"]}
-    return recipe_of(info, encoder=encoder, control=row["control"])
+    return recipe_of(CheckpointInfo.from_info(info), encoder=encoder, control=row["control"])
 
 
 def upgrade(row: dict) -> dict:

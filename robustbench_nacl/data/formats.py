@@ -1,0 +1,114 @@
+"""The on-disk formats the loaders read: a restricted unpickler for the CIFAR python batches and a
+reader for IDX ubyte files (MNIST, Fashion-MNIST); both turn damaged or hostile files into one-line
+UserErrors."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import UserError, one_line
+
+__all__ = ["read_idx", "restricted_unpickle"]
+
+
+def _reconstruct_function() -> Callable[..., Any]:
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    return _reconstruct
+
+
+def _latin1_encode(text: str = "", encoding: str = "latin1") -> bytes:
+    """``_codecs.encode`` as Python 3 protocol-2 pickles use it for bytes, and nothing more."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("refusing _codecs.encode with anything but (str, 'latin1')")
+    return text.encode("latin1")
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler that can rebuild plain numpy arrays and builtin containers, and nothing else.
+
+    A dataset file is untrusted input: ``pickle.load`` on it would run any callable it names.
+    """
+
+    _ALLOWED: ClassVar[dict[tuple[str, str], Any]] = {
+        # The real CIFAR files (Python 2 / numpy 1) name numpy.core; numpy 2 writes numpy._core.
+        # Returning the function directly also avoids importing the deprecated numpy.core shim.
+        ("numpy.core.multiarray", "_reconstruct"): _reconstruct_function(),
+        ("numpy._core.multiarray", "_reconstruct"): _reconstruct_function(),
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        # Python 3 writes bytes in protocol 2 as _codecs.encode(str, "latin1").
+        ("_codecs", "encode"): _latin1_encode,
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return self._ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}") from None
+
+
+def restricted_unpickle(path: str | Path) -> Any:
+    """Load a pickle that may only contain builtin containers and numpy arrays (``encoding="bytes"``).
+
+    Anything else (a callable, a class, a malformed stream) is a one-line UserError naming the file.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            return _RestrictedUnpickler(f, encoding="bytes").load()
+    except pickle.UnpicklingError as e:
+        raise UserError(
+            f"{path} is not a plain data pickle ({one_line(str(e))}); delete it and re-download"
+        ) from e
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from e
+    except Exception as e:  # a damaged stream fails in many ways (EOFError, ValueError, struct.error, ...)
+        raise UserError(
+            f"{path} is corrupt or truncated ({type(e).__name__}); delete it and re-download"
+        ) from e
+
+
+_IDX_UBYTE = 0x08
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read an IDX ubyte file (gzipped or not, detected by content) into a uint8 array.
+
+    The header is ``00 00 08 ndim`` then ``ndim`` big-endian uint32 sizes; the payload must have
+    exactly their product in bytes. Anything else is a one-line UserError naming the file.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+        raise UserError(
+            f"cannot read {path}: {one_line(str(e) or type(e).__name__)}; delete it and re-download"
+        ) from e
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != _IDX_UBYTE:
+        raise UserError(f"{path} is not an IDX ubyte file (bad magic number); delete it and re-download")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if ndim == 0 or len(raw) < header:
+        raise UserError(f"{path} is truncated (incomplete IDX header); delete it and re-download")
+    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    need = int(np.prod(dims, dtype=np.int64))
+    if len(raw) - header != need:
+        raise UserError(
+            f"{path} is truncated or corrupt: header says {dims} = {need} bytes, "
+            f"file has {len(raw) - header}; delete it and re-download"
+        )
+    # copy(): frombuffer over bytes is read-only, which torch.from_numpy warns about.
+    return np.frombuffer(raw, dtype=np.uint8, count=need, offset=header).reshape(dims).copy()

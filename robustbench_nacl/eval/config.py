@@ -1,0 +1,136 @@
+"""What an evaluation is asked to do, in named groups: :class:`EvalConfig` (data, source, probe,
+attack, output, plus the seed and device), and its construction from ``evaluate``'s keyword form."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..attack.suites import Suite
+from ..data import DatasetSpec
+from ..errors import UserError
+from ..results.finetune import AffConfig, AlfConfig
+from .probe import ProbeConfig
+
+__all__ = ["AttackOptions", "DataOptions", "EvalConfig", "OutputOptions", "ProbeOptions", "SourceOptions"]
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """Which data each setting probes and attacks."""
+
+    dataset: str | DatasetSpec | None = None  # in-domain; None: the checkpoint's pretraining dataset
+    transfer: str | DatasetSpec | Iterable[str | DatasetSpec] | None = None  # transfer targets
+    shift: str | Iterable[str] | None = None  # "all", a name, a comma list or a list of names
+    corruptions: str | Iterable[str] | None = (
+        None  # "all" or names: the in-domain probe, corrupted test images
+    )
+    severities: str | Iterable[int] | None = None  # with corruptions; "1-5" by default
+    n_examples: int | None = None  # the first n test examples are attacked; None = all
+    data_root: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How the thing evaluated is read (a checkpoint file) or labelled (an in-memory module)."""
+
+    arch: str | None = None  # a foreign file's architecture
+    fmt: str = "auto"  # a foreign file's layout
+    normalize: str | tuple[Sequence[float], Sequence[float]] | None = None
+    name: str | None = None  # an in-memory module's label
+    control: bool = False  # evaluate an untrained encoder of the same architecture instead
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """How the attacked classifier is made: the protocol(s) and their settings."""
+
+    probe: ProbeConfig | None = None  # seed None: the evaluation seed
+    protocol: str | Sequence[str] = "slf"  # slf | alf | aff or a comma list
+    alf: AlfConfig | None = None
+    aff: AffConfig | None = None
+    heads: str | Path | None = None  # a folder of fitted linear heads to reuse (SLF)
+
+
+@dataclass(frozen=True)
+class AttackOptions:
+    """The attacks run on each classifier."""
+
+    suite: str | Path | dict[str, Any] | Suite = "paper"
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where rows go and what is written or shown on the way."""
+
+    out: str | Path = "robustbench_out/leaderboard"
+    force: bool = False  # recompute rows that already exist
+    save_heads: bool = False  # write each fitted head to out/heads/
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything ``evaluate`` needs besides the thing it evaluates."""
+
+    data: DataOptions = field(default_factory=DataOptions)
+    source: SourceOptions = field(default_factory=SourceOptions)
+    probe: ProbeOptions = field(default_factory=ProbeOptions)
+    attack: AttackOptions = field(default_factory=AttackOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
+    seed: int = 0
+    device: str | None = None
+
+    def check(self) -> None:
+        """One-line UserErrors for numbers that cannot be run (before anything is loaded)."""
+        n_examples, batch_size = self.data.n_examples, self.attack.batch_size
+        if n_examples is not None and n_examples < 1:
+            raise UserError(f"--n-examples {n_examples}: must be >= 1")
+        if batch_size is not None and batch_size < 1:
+            raise UserError(f"--batch-size {batch_size}: must be >= 1")
+        if self.probe.probe is not None:
+            self.probe.probe.check()
+
+    @classmethod
+    def from_keywords(
+        cls,
+        *,
+        dataset: str | DatasetSpec | None = None,
+        transfer: str | DatasetSpec | Iterable[str | DatasetSpec] | None = None,
+        shift: str | Iterable[str] | None = None,
+        corruptions: str | Iterable[str] | None = None,
+        severities: str | Iterable[int] | None = None,
+        suite: str | Path | dict[str, Any] | Suite = "paper",
+        out: str | Path = "robustbench_out/leaderboard",
+        n_examples: int | None = None,
+        seed: int = 0,
+        device: str | None = None,
+        probe: ProbeConfig | None = None,
+        arch: str | None = None,
+        fmt: str = "auto",
+        normalize: str | tuple[Sequence[float], Sequence[float]] | None = None,
+        control: bool = False,
+        force: bool = False,
+        batch_size: int | None = None,
+        data_root: str | None = None,
+        progress: bool = True,
+        name: str | None = None,
+        heads: str | Path | None = None,
+        save_heads: bool = False,
+        protocol: str | Sequence[str] = "slf",
+        alf: AlfConfig | None = None,
+        aff: AffConfig | None = None,
+    ) -> EvalConfig:
+        """The configuration ``evaluate``'s keyword form describes (one keyword per field)."""
+        return cls(
+            data=DataOptions(dataset, transfer, shift, corruptions, severities, n_examples, data_root),
+            source=SourceOptions(arch, fmt, normalize, name, control),
+            probe=ProbeOptions(probe, protocol, alf, aff, heads),
+            attack=AttackOptions(suite, batch_size),
+            output=OutputOptions(out, force, save_heads, progress),
+            seed=seed,
+            device=device,
+        )

@@ -1,0 +1,217 @@
+"""What an evaluation will produce, computable without the checkpoint: its settings (which dataset
+each probe is trained and tested on), its protocols, and the identity of every row it writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import plugins
+from ..attack.base import ATTACKS
+from ..attack.suites import Suite
+from ..data import DatasetSpec, parse_spec
+from ..data.corruptions import parse_corruptions, parse_severities
+from ..errors import UserError
+from ..results import rows as results
+from ..results.finetune import AffConfig, AlfConfig, FinetuneConfig
+from ..utils import versions
+from .benchmark import WORST_CASE
+from .finetune import parse_protocols
+from .probe import ProbeConfig
+
+__all__ = [
+    "SHIFT_NAMES",
+    "IdentityFields",
+    "Setting",
+    "attack_versions",
+    "corruption_settings",
+    "expected_identities",
+    "finetune_configs",
+    "identity_fields",
+    "settings_for",
+    "transfer_default",
+]
+
+SHIFT_NAMES = ("grayscale", "crop", "flip", "jitter", "grayscale+jitter")
+# Attacks implemented by another package: its version is part of the protocol.
+ATTACK_PACKAGES = {"autoattack": "pyautoattack"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One probe-and-attack job: which dataset the probe is trained and tested on."""
+
+    name: str  # "in-domain" | "transfer" | "shift" | "corruption"
+    spec: DatasetSpec  # canonical
+    shift: str | None = None
+    corruption: str | None = None  # the in-domain probe, tested on corrupted test images
+    severity: int | None = None
+
+    @property
+    def dataset(self) -> str:
+        """The canonical spec string (what rows record)."""
+        return str(self.spec)
+
+
+def transfer_default(dataset: str | DatasetSpec) -> str | None:
+    """The natural transfer target: the complementary class subset (digits:0-4 -> digits:5-9)."""
+    spec = parse_spec(dataset)
+    if spec.subset is None:
+        return None
+    n = spec.info["num_classes"]
+    rest = tuple(c for c in range(n) if c not in spec.subset)
+    return str(DatasetSpec(spec.name, rest).canonical()) if rest else None
+
+
+def settings_for(
+    dataset: str | DatasetSpec,
+    transfer: str | DatasetSpec | Iterable[str | DatasetSpec] | None,
+    shift: str | Iterable[str] | None,
+    corruptions: str | Iterable[str] | None = None,
+    severities: str | Iterable[int] | None = None,
+) -> list[Setting]:
+    """The settings to run: in-domain always, plus transfer targets and shift variants.
+
+    Datasets are canonical specs (``digits:5,6,7,8,9`` -> ``digits:5-9``); a target named twice
+    in two spellings is one setting.
+    """
+    spec = parse_spec(dataset)
+    out = [Setting("in-domain", spec.canonical())]
+    targets = [transfer] if isinstance(transfer, str | DatasetSpec) else list(transfer or [])
+    out += [Setting("transfer", parse_spec(t).canonical()) for t in targets]
+    if shift:
+        names = SHIFT_NAMES if shift == "all" else ([shift] if isinstance(shift, str) else list(shift))
+        for s in names:
+            for part in s.split(","):
+                if part not in SHIFT_NAMES:
+                    raise UserError(f"unknown shift {part!r}; valid choices: all, {', '.join(SHIFT_NAMES)}")
+                out.append(Setting("shift", spec.with_shift(part).canonical(), part))
+    out += corruption_settings(spec, corruptions, severities)
+    for s in out:
+        if s.spec.subset is not None and len(s.spec.subset) < 2:
+            raise UserError(
+                f"dataset {s.dataset!r} has one class: a probe needs at least 2 (e.g. digits:0-4)"
+            )
+    return list(dict.fromkeys(out))
+
+
+def corruption_settings(
+    dataset: str | DatasetSpec,
+    corruptions: str | Iterable[str] | None,
+    severities: str | Iterable[int] | None,
+) -> list[Setting]:
+    """One ``corruption`` setting per (corruption, severity): the in-domain dataset's test images
+    corrupted (docs/decisions.md, 'Corruptions'); ``all`` means those that suit its channels."""
+    if not corruptions:
+        if severities:
+            raise UserError("--severities needs --corruptions (all or a comma list of names)")
+        return []
+    spec = parse_spec(dataset)
+    names = parse_corruptions(corruptions, spec.channels)  # type: ignore[arg-type]
+    levels = parse_severities(severities)  # type: ignore[arg-type]
+    base = spec.canonical()
+    return [Setting("corruption", base, corruption=c, severity=s) for c in names for s in levels]
+
+
+def finetune_configs(
+    protocol: str | Sequence[str], alf: AlfConfig | None, aff: AffConfig | None
+) -> list[FinetuneConfig | None]:
+    """The configuration of each requested protocol (None for SLF), checked before any work."""
+    table: dict[str, FinetuneConfig | None] = {
+        "slf": None,
+        "alf": alf or AlfConfig(),
+        "aff": aff or AffConfig(),
+    }
+    out = [table[p] for p in parse_protocols(protocol)]
+    for cfg in out:
+        if cfg is not None:
+            cfg.check()
+    return out
+
+
+def attack_versions(suite: Suite) -> dict[str, str]:
+    """Versions of the code that implements the suite's attacks (part of every row's protocol)."""
+    out = {"robustbench_nacl": str(versions()["robustbench_nacl"])}
+    for spec in suite.attacks:
+        pkg = "torchattacks" if spec.name.startswith("torchattacks.") else ATTACK_PACKAGES.get(spec.name)
+        if pkg:
+            try:
+                out[pkg] = importlib.metadata.version(pkg)
+            except importlib.metadata.PackageNotFoundError:
+                out[pkg] = "not installed"
+        plugin = (
+            plugins.plugin_of(getattr(ATTACKS.get(spec.name), "__module__", None))
+            if spec.name in ATTACKS
+            else None
+        )
+        if plugin is not None:  # an attack from a plugin: its code is part of the protocol
+            out[plugin.module] = f"{plugin.version or 'file'} sha256:{plugin.sha256}"
+    return out
+
+
+@dataclass(frozen=True)
+class IdentityFields:
+    """The identity fields every row of one evaluation (under one protocol) shares."""
+
+    checkpoint_sha256: str | None  # None: planned without the checkpoint (the caller knows it by id)
+    seed: int
+    n_examples: int | None  # requested; None = every test example
+    probe: ProbeConfig  # its seed resolved
+    attack_versions: dict[str, str]
+    finetune: dict[str, Any] | None = None  # ALF/AFF: the protocol's ``identity()``; SLF: None
+
+    def for_protocol(self, cfg: FinetuneConfig | None) -> IdentityFields:
+        """These fields under a protocol (SLF, None, has no finetune field)."""
+        return dataclasses.replace(self, finetune=cfg.identity() if cfg is not None else None)
+
+    def row(
+        self, setting: Setting, suite: Suite, *, attack: str, norm: str, params: dict[str, Any], eps: float
+    ) -> dict[str, Any]:
+        """The identity of one row of ``setting``."""
+        return {
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "setting": setting.name,
+            "dataset": setting.dataset,
+            "attack": attack,
+            "norm": norm,
+            "attack_params": params,
+            "eps": eps,
+            "seed": self.seed,
+            "n_examples": self.n_examples,
+            "probe_config": asdict(self.probe),
+            "suite_sha256": suite.sha256,
+            "attack_versions": self.attack_versions,
+            **corruption_fields(setting),
+            # ALF/AFF settings; SLF identities have no such key, so their ids are what they always were
+            **({results.FINETUNE: self.finetune} if self.finetune else {}),
+        }
+
+
+def corruption_fields(setting: Setting) -> dict[str, Any]:
+    """The corruption and severity of a corruption setting's rows; nothing for any other setting."""
+    # only corruption rows carry these: every other row keeps its fields and its id
+    return {"corruption": setting.corruption, "severity": setting.severity} if setting.corruption else {}
+
+
+def expected_identities(setting: Setting, suite: Suite, fields: IdentityFields) -> list[dict[str, Any]]:
+    """Identities of every row a setting produces: one per (attack, eps), one worst case per (norm, eps)."""
+    ids = [
+        fields.row(setting, suite, attack=s.name, norm=s.norm, params=dict(s.params), eps=e)
+        for s in suite.attacks
+        for e in s.eps
+    ]
+    worst = sorted({(s.norm, e) for s in suite.attacks for e in s.eps})
+    ids += [fields.row(setting, suite, attack=WORST_CASE, norm=n, params={}, eps=e) for n, e in worst]
+    return ids
+
+
+def identity_fields(
+    suite: Suite, *, sha: str | None, seed: int, n_examples: int | None, probe: ProbeConfig | None
+) -> IdentityFields:
+    """The identity fields every row of one evaluation shares (SLF; see IdentityFields.for_protocol)."""
+    probe = probe or ProbeConfig()
+    probe = dataclasses.replace(probe, seed=seed if probe.seed is None else probe.seed)
+    return IdentityFields(sha, seed, n_examples, probe, attack_versions(suite))
