@@ -4,7 +4,7 @@
 
 Trains every registered preset (deacl distils the simclr run made first) for 2 epochs on 256 digits
 images (convnet_small width 8, batch 64, kNN monitor every epoch, 1 torch thread) and prints one line
-per preset: name, weights sha256, log.jsonl sha256 (16 hex digits each). Run it on two commits of the
+per preset: name, weights sha256, log.jsonl sha256 without its wall-clock field (16 hex digits each). Run it on two commits of the
 same machine: identical lines mean a change left training bit for bit as it was (the claim made for
 refactors in CHANGELOG.md and docs/decisions.md). Training is bit-identical only on the same CPU and
 thread count, so compare runs of one machine.
@@ -23,6 +23,13 @@ import torch
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _log_sha(path: Path) -> str:
+    """sha256 of log.jsonl without its wall-clock field (``wall_s`` differs run to run)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    text = "\n".join(json.dumps({k: v for k, v in r.items() if k != "wall_s"}, sort_keys=True) for r in rows)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def fingerprint(out: Path) -> dict[str, list[str]]:
@@ -45,7 +52,7 @@ def fingerprint(out: Path) -> dict[str, list[str]]:
     for name in ["simclr", *sorted(set(PRESETS) - {"simclr"})]:
         overrides = {"teacher": str((out / "simclr").resolve())} if name == "deacl" else {}
         rbn.train(rbn.TrainConfig(loss=name, overrides=overrides, **common), out / name)
-        result[name] = [_sha(out / name / "weights.safetensors"), _sha(out / name / "log.jsonl")]
+        result[name] = [_sha(out / name / "weights.safetensors"), _log_sha(out / name / "log.jsonl")]
         print(name, *result[name], flush=True)
     return result
 
