@@ -82,6 +82,38 @@ class LossParams:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """How a contrastive term estimates its negative mass: the estimator and the parameters it reads.
+
+    Built once per term from :class:`LossParams` (:meth:`of`) and passed through the estimators and
+    terms unchanged (docs/decisions.md, 'Negative estimators').
+    """
+
+    estimator: str  # "g0" | "g1" | "g2"
+    temperature: float  # t: s = cos / t
+    tau_plus: float = 0.0  # class prior of the debiasing correction (g1, g2)
+    beta: float = 0.0  # hardness concentration of g2
+    detach_weights: bool = False  # detach g2's importance weights (the official HCL code does not)
+
+    @classmethod
+    def of(cls, p: LossParams, which: str = "G1") -> Estimate:
+        """The estimate of ``p``'s NaCl term (``which="G1"``), robust term ("G2") or adversarial positive."""
+        return cls(getattr(p, which), p.t, p.tau_plus, p.beta, p.detach_weights)
+
+    @classmethod
+    def given(cls, est: Estimate | str | None, fields: Mapping[str, Any]) -> Estimate:
+        """``est`` itself, or one built from the keyword form (``estimator=..., temperature=...``).
+
+        The loss functions take either, so that library callers keep the keyword arguments.
+        """
+        if isinstance(est, Estimate):
+            if fields:
+                raise TypeError(f"pass an Estimate or its fields, not both (got {', '.join(fields)})")
+            return est
+        return cls(**fields) if est is None else cls(est, **fields)
+
+
+@dataclass(frozen=True)
 class Needs:
     """What a loss needs from the trainer, declared by its objective for given parameters."""
 
