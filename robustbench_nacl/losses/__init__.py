@@ -1,7 +1,7 @@
 """The contrastive-loss family: estimators, pure loss terms, objectives, named presets, plugin losses.
 
 Modules import one way only: params -> estimators -> terms -> objectives -> adversarial -> presets
-(each may import the ones before it, never the ones after).
+-> registration (each may import the ones before it, never the ones after).
 """
 
 from .estimators import log_neg_mass, normalize, pair_loss, pair_loss_rows
@@ -16,18 +16,9 @@ from .objectives import (
     objective,
     project,
 )
-from .params import ESTIMATORS, LossParams, Needs, parse_overrides
-from .presets import (
-    PRESETS,
-    VIEW_KEYS,
-    Preset,
-    apply_overrides,
-    list_presets,
-    register_pair_loss,
-    register_preset,
-    resolve,
-    validate,
-)
+from .params import ESTIMATORS, Estimate, LossParams, Needs, parse_overrides
+from .presets import PRESETS, Preset, apply_overrides, list_presets, resolve, validate
+from .registration import VIEW_KEYS, register_pair_loss, register_preset
 from .terms import arcl_rows, mixnca_rows, nca_rows, robust_rows, supervised_rows, var_rows, w_hat
 
 __all__ = [
@@ -36,6 +27,7 @@ __all__ = [
     "OBJECTIVES",
     "PRESETS",
     "VIEW_KEYS",
+    "Estimate",
     "LossParams",
     "Needs",
     "Objective",
