@@ -14,7 +14,8 @@ from .eval.evaluate import evaluate
 from .eval.probe import ProbeConfig, fit_linear_probe
 from .eval.rows import ResultRow, load_rows
 from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
-from .models.encoders import create_encoder, register_encoder
+from .models.encoders import register_encoder
+from .models.factory import create_encoder
 from .models.foreign import load_encoder
 from .published import load_model, published_models
 from .report.leaderboard import render_leaderboard

@@ -22,7 +22,7 @@ from robustbench_nacl import losses
 from robustbench_nacl.errors import CheckpointError, NonFiniteLoss, UserError
 from robustbench_nacl.io import canonical_json, sha256_bytes, sha256_file
 from robustbench_nacl.models.checkpoint import load_state
-from robustbench_nacl.models.encoders import DualBatchNorm
+from robustbench_nacl.models.dual_bn import DualBatchNorm
 from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.training import (
     TrainConfig,

@@ -34,7 +34,8 @@ from ..data.datasets import DATASETS, ImageData, canonical_spec, load_dataset, p
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir, sha256_bytes
 from ..locks import advisory_lock, remove_temporaries
-from ..models.encoders import create_encoder, materialize_lazy
+from ..models.encoders import materialize_lazy
+from ..models.factory import create_encoder
 from ..models.foreign import NORMALIZATIONS, load_encoder
 from ..registry import unknown_choice
 from ..utils import device_name, resolve_device, versions

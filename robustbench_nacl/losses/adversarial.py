@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
-from ..models.encoders import bn_route
+from ..models.dual_bn import bn_route
 from ..models.foreign import load_encoder
 from .estimators import pair_loss_rows, similarity
 from .objectives import OBJECTIVES, Objective, encode

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
-from ..models.encoders import bn_route
+from ..models.dual_bn import bn_route
 from ..registry import Registry
 from .estimators import base_pair_similarities, clamp_fraction, normalize, pair_loss, upcast
 from .params import Estimate, LossParams, Needs

@@ -50,7 +50,7 @@ class LossParams:
     adv_eps: float = 0.015  # adversarial positive budget in [0,1] pixel units (CLAE 0.03 in [-1,1])
     adv_estimator: str = "g0"  # the loss the adversarial positive maximises (CLAE: NT-Xent)
     dual_bn: bool = True  # AdvProp-style auxiliary BatchNorm for adversarial inputs
-    head: str = "clae"  # projection head: a HEADS name (models/encoders.py)
+    head: str = "clae"  # projection head: a HEADS name (models/heads.py)
     robust_anchors: str = "both"  # "both": clean and adversarial views anchor; "one_sided": clean only
     var_anchors: str = "both"  # "both": view 0 and view j anchor each trial; "one_sided": view 0 only
     w_hat_grad: bool = False  # let gradient flow through w_hat (default: a detached weight)

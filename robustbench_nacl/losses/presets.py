@@ -18,7 +18,7 @@ import torch
 
 from ..augment import views as augment
 from ..errors import UserError
-from ..models.encoders import HEADS, create_head
+from ..models.heads import HEADS, create_head
 from ..registry import Registry, did_you_mean
 from .adversarial import ACL_ATTACK, DEACL_ATTACK, ROCL_ATTACK
 from .objectives import AGGREGATORS, OBJECTIVES, needs

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..augment import views as augment
 from ..errors import UserError
-from ..models.encoders import HEADS
+from ..models.heads import HEADS
 from .estimators import autocast_off
 from .objectives import OBJECTIVES, Objective, project
 from .params import FIELD_NAMES, LossParams, Needs, coerce_overrides

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
-from ..models.encoders import check_encoder
+from ..models.factory import check_encoder
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
 from ..locks import remove_temporaries
 from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
-from ..models.encoders import ContrastiveModel
 from ..models.features import extract_features, knn_accuracy
+from ..models.heads import ContrastiveModel
 from ..utils import device_name, resolve_device, seed_everything
 from . import distributed
 from .config import TrainConfig, check_settings, check_train_size

@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 from ...errors import CheckpointError, UserError
 from ..checkpoint import load_strict, resolve_manifest_path
-from ..encoders import TIMM_PREFIX, TimmEncoder, create_encoder
+from ..factory import create_encoder
+from ..timm_encoder import TIMM_PREFIX, TimmEncoder
 from .formats import FORMATS, check_format, detect_format
 from .layout import strip_wrappers
 from .normalization import DEFAULT_NORMALIZE, pick_normalization

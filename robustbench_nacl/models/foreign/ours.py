@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 from ...errors import CheckpointError, UserError
 from ..checkpoint import MANIFEST, load_state, load_strict, read_manifest
-from ..encoders import create_encoder, set_bn_route, strip_dual_bn
+from ..dual_bn import set_bn_route, strip_dual_bn
+from ..factory import create_encoder
 from .layout import Layout, has_prefix
 from .normalization import named_normalization, normalization_name
 from .reading import first_line
