@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..augment import views as augment
+from ..augment.mixup import RHO_MODES
+from ..augment.views import VIEW_MAKERS
 from ..errors import UserError
 from ..models.heads import HEADS, create_head
 from ..registry import Registry, did_you_mean
@@ -272,7 +273,7 @@ def _check_names(p: LossParams) -> None:
     """Every name-valued parameter against its registry (whose error lists the valid names) or choices."""
     OBJECTIVES.get(p.objective)
     AGGREGATORS.get(p.positives)
-    augment.VIEW_MAKERS.get(p.views)
+    VIEW_MAKERS.get(p.views)
     HEADS.get(p.head)
     for g in ("G1", "G2", "adv_estimator"):
         _check_choice(g, getattr(p, g), ESTIMATORS)
@@ -280,7 +281,7 @@ def _check_names(p: LossParams) -> None:
     _check_choice("robust_anchors", p.robust_anchors, ANCHORS)
     _check_choice("var_anchors", p.var_anchors, ANCHORS)
     _check_choice("arcl_form", p.arcl_form, ARCL_FORMS)
-    _check_choice("mix_rho_mode", p.mix_rho_mode, augment.RHO_MODES)
+    _check_choice("mix_rho_mode", p.mix_rho_mode, RHO_MODES)
     labels = needs(p).labels
     heads = [h for h in HEADS.names() if head_builds(h, labels)]
     _check_choice("head", p.head, heads, f" for the {p.objective} objective")

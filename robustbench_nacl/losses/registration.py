@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..augment import views as augment
+from ..augment.views import VIEW_MAKERS
 from ..errors import UserError
 from ..models.heads import HEADS
 from .estimators import autocast_off
@@ -114,7 +114,7 @@ def _two_views(p: LossParams) -> Needs:
 
 
 def _check_views_and_head(views: str, head: str) -> None:
-    augment.VIEW_MAKERS.get(views)
+    VIEW_MAKERS.get(views)
     HEADS.get(head)
     if not head_builds(head, labels=False):
         raise UserError(f"head {head!r} needs class labels; a pair loss takes a projection head such as clae")
