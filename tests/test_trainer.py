@@ -506,18 +506,18 @@ def test_resume_leaves_the_log_of_an_uninterrupted_run(
     state was never saved): the resumed run cuts it, in place, and ends with the reference's lines."""
     cfg = TrainConfig(loss="simclr", epochs=3, **TINY)
     ref = train(cfg, tmp_path / "ref", progress=False)
-    real_epoch = train_loop._train_epoch
+    real_save = train_loop._save_state
 
-    def killed_at_epoch_2(run: Any, step: Any, epoch: int, progress: bool) -> dict[str, Any]:
-        if epoch == 1:
-            raise _Killed
-        return real_epoch(run, step, epoch, progress)
+    def killed_before_state_2(run: Any, epoch: int) -> None:
+        if epoch == 2:
+            raise _Killed  # the second epoch trained, neither its state nor its row written
+        real_save(run, epoch)
 
     out = tmp_path / "killed"
-    with monkeypatch.context() as m:
-        m.setattr(train_loop, "_train_epoch", killed_at_epoch_2)
-        with pytest.raises(_Killed):
-            train(cfg, out, progress=False)
+    monkeypatch.setattr(train_loop, "_save_state", killed_before_state_2)
+    with pytest.raises(_Killed):
+        train(cfg, out, progress=False)
+    monkeypatch.undo()
     log = out / "log.jsonl"
     assert len(log.read_text().splitlines()) == 2  # epoch 0 and epoch 1
     with log.open("a") as f:
