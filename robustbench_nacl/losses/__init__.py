@@ -1,7 +1,7 @@
 """The contrastive-loss family: estimators, pure loss terms, objectives, named presets, plugin losses.
 
 Modules import one way only: params -> estimators -> terms -> objectives -> adversarial -> presets
--> registration (each may import the ones before it, never the ones after).
+(each may import the ones before it, never the ones after).
 """
 
 from .estimators import log_neg_mass, normalize, pair_loss, pair_loss_rows
@@ -17,8 +17,17 @@ from .objectives import (
     project,
 )
 from .params import ESTIMATORS, Estimate, LossParams, Needs, parse_overrides
-from .presets import PRESETS, Preset, apply_overrides, list_presets, resolve, validate
-from .registration import VIEW_KEYS, register_pair_loss, register_preset
+from .presets import (
+    PRESETS,
+    VIEW_KEYS,
+    Preset,
+    apply_overrides,
+    list_presets,
+    register_pair_loss,
+    register_preset,
+    resolve,
+    validate,
+)
 from .terms import arcl_rows, mixnca_rows, nca_rows, robust_rows, supervised_rows, var_rows, w_hat
 
 __all__ = [

@@ -1,5 +1,6 @@
 """Projection heads (the registry :data:`HEADS`, :func:`create_head`) and :class:`ContrastiveModel`,
-an encoder with its head: what the contrastive loss sees; probing and attacks use the encoder alone."""
+an encoder with its head: what the contrastive loss sees; probing and attacks use the encoder alone.
+Whether a head builds with or without class labels: :func:`head_builds`."""
 
 from __future__ import annotations
 
@@ -128,3 +129,18 @@ class ContrastiveModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(x))
+
+
+def head_builds(name: str, labels: bool) -> bool:
+    """Whether the trainer could build head ``name``: with a class count exactly when labels are used.
+
+    The trainer calls ``create_head(head, feature_dim, out_dim=num_classes if labels else None)``
+    after loading the data; building it here on the meta device (no memory, no random draws) makes
+    e.g. a classifier head under a contrastive objective fail before anything is loaded.
+    """
+    with torch.device("meta"):
+        try:
+            create_head(name, 8, out_dim=3 if labels else None)
+        except UserError:
+            return False
+    return True
