@@ -22,7 +22,7 @@ CASES = {  # encoder -> (input shape, encoder kwargs, batch)
 
 
 def _measure(name: str, shape: tuple[int, int, int], kwargs: dict[str, Any], batch: int, reps: int) -> dict:
-    from robustbench_nacl.models.encoders import create_encoder
+    from robustbench_nacl.models.factory import create_encoder
 
     torch.manual_seed(0)
     nchw = create_encoder(name, in_channels=shape[0], input_shape=shape, **kwargs)

@@ -48,7 +48,7 @@ def _data(kind: str, n: int) -> Any:
 
 
 def _encoder(name: str, data: Any) -> nn.Module:
-    from robustbench_nacl.models.encoders import create_encoder
+    from robustbench_nacl.models.factory import create_encoder
 
     torch.manual_seed(0)
     c, h, w = data.x.shape[1:]

@@ -92,7 +92,7 @@ def child_eval(n: int, threads: int) -> None:
     import robustbench_nacl as rbn
     from robustbench_nacl.data import normalization
     from robustbench_nacl.eval.probe import ProbedClassifier
-    from robustbench_nacl.models.encoders import create_encoder
+    from robustbench_nacl.models.factory import create_encoder
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)

@@ -4,10 +4,10 @@
 
 Trains every registered preset (deacl distils the simclr run made first) for 2 epochs on 256 digits
 images (convnet_small width 8, batch 64, kNN monitor every epoch, 1 torch thread) and prints one line
-per preset: name, weights sha256, log.jsonl sha256 without its wall-clock field (16 hex digits each). Run it on two commits of the
-same machine: identical lines mean a change left training bit for bit as it was (the claim made for
-refactors in CHANGELOG.md and docs/decisions.md). Training is bit-identical only on the same CPU and
-thread count, so compare runs of one machine.
+per preset: name, weights sha256, log.jsonl sha256 without its wall-clock field (16 hex digits
+each). Run it on two commits of the same machine: identical lines mean a change left training bit
+for bit as it was (the claim made for refactors in CHANGELOG.md). Training is bit-identical only on
+the same CPU and thread count, so compare runs of one machine.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def run(args: Any) -> dict[str, Any]:
     """Measure and extrapolate; the value is the speed-up factor."""
     from robustbench_nacl.data import load_dataset, normalization
     from robustbench_nacl.eval.probe import ProbeConfig, fit_linear_probe
-    from robustbench_nacl.models.encoders import create_encoder
+    from robustbench_nacl.models.factory import create_encoder
 
     n_train, n_test = (2000, 500) if args.quick else (10_000, 2_000)
     reps = args.reps or (1 if args.quick else 2)

@@ -27,7 +27,7 @@ _LAZY = {
     "register_pair_loss": "losses",
     "register_preset": "losses",
     "resolve": "losses",
-    "create_encoder": "models.encoders",
+    "create_encoder": "models.factory",
     "register_encoder": "models.encoders",
     "load_encoder": "models.foreign",
     "load_model": "published",
@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # what the names are, for readers and type checkers; nothing 
     from .eval.evaluate import evaluate
     from .eval.probe import ProbeConfig, fit_linear_probe
     from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
-    from .models.encoders import create_encoder, register_encoder
+    from .models.encoders import register_encoder
+    from .models.factory import create_encoder
     from .models.foreign import load_encoder
     from .published import load_model, published_models
     from .report.leaderboard import render_leaderboard

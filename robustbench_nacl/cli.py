@@ -302,7 +302,8 @@ def _losses_args(p: argparse.ArgumentParser) -> None:
 def run_encoders(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from .models.encoders import ENCODERS, TIMM_PREFIX
+    from .models.encoders import ENCODERS
+    from .models.timm_encoder import TIMM_PREFIX
 
     rows = []
     for n in ENCODERS.names():

@@ -118,7 +118,7 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
     """Validate one manifest; every problem is a one-line UserError naming the file and the field."""
     from .data import parse_spec
     from .losses import resolve
-    from .models.encoders import check_encoder
+    from .models.factory import check_encoder
 
     def bad(msg: str) -> UserError:  # values from the file may hold newlines: the error stays one line
         return UserError(" ".join(f"zoo manifest {source}: {msg}".split()))

@@ -101,3 +101,8 @@ def randomize_bn(module: nn.Module, seed: int = 0) -> None:
             m.weight.data.copy_(torch.rand(n, generator=g) + 0.5)
             m.bias.data.copy_(torch.randn(n, generator=g) * 0.1)
             m.num_batches_tracked.fill_(7)
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    """A CPU generator seeded with ``seed``."""
+    return torch.Generator().manual_seed(seed)

@@ -25,7 +25,9 @@ from robustbench_nacl.losses.adversarial import (
     rocl_loss,
 )
 from robustbench_nacl.losses.objectives import OBJECTIVES, encode
-from robustbench_nacl.models.encoders import ContrastiveModel, bn_route, create_encoder
+from robustbench_nacl.models.dual_bn import bn_route
+from robustbench_nacl.models.factory import create_encoder
+from robustbench_nacl.models.heads import ContrastiveModel
 
 # Values from the authors' public code, transcribed; provenance in data/golden/README.md.
 GOLDEN = Path(__file__).parent / "data" / "golden" / "adversarial_losses_b8.json"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _models import digits_data, one_thread, small_cnn
+from _models import digits_data, small_cnn
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
@@ -40,10 +40,7 @@ CLEAN_ENCODER, FGSM_ENCODER, PGD_ENCODER = 92, 61, 61  # of 180: probe, FGSM and
 DISAGREE = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

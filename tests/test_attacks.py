@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from _models import accuracy, digits_data, digits_model, one_thread
+from _models import accuracy, digits_model, gen
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
@@ -53,25 +53,10 @@ needs_torchattacks = pytest.mark.skipif(
 FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture(scope="module")
-def model() -> nn.Module:
-    return digits_model()
-
-
-@pytest.fixture(scope="module")
-def data() -> tuple[Tensor, Tensor]:
-    _, _, x, y = digits_data()
-    return x[:256], y[:256]
-
-
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+DIGITS_N = 256  # the test batch of the `data` fixture (conftest.py)
 
 
 class Counting(nn.Module):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _models import digits_data, digits_model, one_thread
+from _models import digits_data
 from torch import Tensor, nn
 
 from robustbench_nacl.attack import autoattack_adapter as aa_m
@@ -65,15 +65,7 @@ REFERENCE_STANDARD = {
 ORDER = ["apgd-ce", "apgd-t", "fab-t", "square"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def model() -> nn.Module:
-    return digits_model()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

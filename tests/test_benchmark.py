@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from _models import digits_data, digits_model, one_thread
+from _models import digits_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
@@ -59,21 +59,7 @@ ROW_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def model() -> nn.Module:
-    return digits_model()
-
-
-@pytest.fixture(scope="module")
-def data() -> tuple[Tensor, Tensor]:
-    _, _, x, y = digits_data()
-    return x[:200], y[:200]
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

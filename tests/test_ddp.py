@@ -30,7 +30,7 @@ from torch import nn
 from robustbench_nacl import losses
 from robustbench_nacl.cli import main
 from robustbench_nacl.io import sha256_file
-from robustbench_nacl.models.encoders import DualBatchNorm
+from robustbench_nacl.models.dual_bn import DualBatchNorm
 from robustbench_nacl.training import TrainConfig, distributed, run_id, train
 
 TINY: dict[str, Any] = {

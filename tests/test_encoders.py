@@ -10,20 +10,10 @@ import torchvision
 from torch import nn
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.models.encoders import (
-    ENCODERS,
-    HEADS,
-    ContrastiveModel,
-    DualBatchNorm,
-    Encoder,
-    bn_route,
-    create_encoder,
-    create_head,
-    encoder_names,
-    has_dual_bn,
-    set_bn_route,
-    strip_dual_bn,
-)
+from robustbench_nacl.models.dual_bn import DualBatchNorm, bn_route, has_dual_bn, set_bn_route, strip_dual_bn
+from robustbench_nacl.models.encoders import ENCODERS, Encoder, encoder_names
+from robustbench_nacl.models.factory import create_encoder
+from robustbench_nacl.models.heads import HEADS, ContrastiveModel, create_head
 
 # Input shapes per encoder (C, H, W); anything registered later falls back on its declared input kind.
 SHAPES = {

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from robustbench_nacl.errors import CheckpointError, UserError
 from robustbench_nacl.io import sha256_bytes
 from robustbench_nacl.models import checkpoint
-from robustbench_nacl.models.encoders import ContrastiveModel, create_encoder, has_dual_bn
+from robustbench_nacl.models.dual_bn import has_dual_bn
+from robustbench_nacl.models.factory import create_encoder
 from robustbench_nacl.models.foreign import (
     FORMATS,
     NORMALIZATIONS,
@@ -30,6 +31,7 @@ from robustbench_nacl.models.foreign import (
     load_foreign_encoder,
     read_state_dict,
 )
+from robustbench_nacl.models.heads import ContrastiveModel
 
 PACKAGE = Path(__file__).resolve().parents[1] / "robustbench_nacl"
 WIDTH = 16

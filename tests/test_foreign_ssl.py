@@ -312,7 +312,7 @@ def test_lightlys_resnet_generator_is_refused_in_one_line(tmp_path: Path) -> Non
 
 def test_stem_padding_is_an_encoder_option_checked_in_one_line() -> None:
     from robustbench_nacl.errors import UserError
-    from robustbench_nacl.models.encoders import create_encoder
+    from robustbench_nacl.models.factory import create_encoder
 
     assert create_encoder("resnet18_cifar", stem_padding=2).backbone.conv1.padding == (2, 2)
     assert create_encoder("resnet18_cifar").backbone.conv1.padding == (1, 1)

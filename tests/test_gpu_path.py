@@ -29,7 +29,7 @@ from robustbench_nacl.cli import main
 from robustbench_nacl.eval.benchmark import benchmark
 from robustbench_nacl.eval.sanity import check_batch_independence, check_deterministic, logit_tolerance
 from robustbench_nacl.losses.estimators import base_pair_similarities
-from robustbench_nacl.models.encoders import DualBatchNorm
+from robustbench_nacl.models.dual_bn import DualBatchNorm
 from robustbench_nacl.models.features import knn_predict
 from robustbench_nacl.pipeline import make_pool, start_method
 from robustbench_nacl.training import TrainConfig, TrainStep, build_model, distributed

@@ -23,7 +23,9 @@ from robustbench_nacl.data import DATASETS, load_dataset
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.io import sha256_bytes
 from robustbench_nacl.losses import AGGREGATORS, OBJECTIVES, PRESETS
-from robustbench_nacl.models.encoders import ENCODERS, ContrastiveModel, Encoder, create_encoder
+from robustbench_nacl.models.encoders import ENCODERS, Encoder
+from robustbench_nacl.models.factory import create_encoder
+from robustbench_nacl.models.heads import ContrastiveModel
 from robustbench_nacl.training import TrainConfig, config_sha256, train, training_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from robustbench_nacl.eval.probe import (
     fit_knn_probe,
     fit_linear_probe,
 )
-from robustbench_nacl.models.encoders import create_encoder
+from robustbench_nacl.models.factory import create_encoder
 from robustbench_nacl.models.features import knn_predict
 
 

@@ -36,7 +36,7 @@ from robustbench_nacl.attack.suites import parse_suite_text
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.io import sha256_bytes
 from robustbench_nacl.models.checkpoint import MANIFEST, WEIGHTS
-from robustbench_nacl.models.encoders import create_encoder
+from robustbench_nacl.models.factory import create_encoder
 from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.training import train
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _models import accuracy, digits_data, digits_model, one_thread, small_cnn
+from _models import accuracy, gen, small_cnn
 from torch import Tensor, nn
 
 from robustbench_nacl.errors import SanityError, UserError
@@ -32,25 +32,7 @@ SUITE = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def model() -> nn.Module:
-    return digits_model()
-
-
-@pytest.fixture(scope="module")
-def data() -> tuple[Tensor, Tensor]:
-    _, _, x, y = digits_data()
-    return x[:200], y[:200]
-
-
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 class Wrap(nn.Module):

@@ -17,14 +17,10 @@ from fixtures import write_cifar10
 
 import robustbench_nacl
 from robustbench_nacl.errors import CheckpointError, UserError
-from robustbench_nacl.models.encoders import (
-    DualBatchNorm,
-    TimmEncoder,
-    bn_route,
-    check_encoder,
-    create_encoder,
-)
+from robustbench_nacl.models.dual_bn import DualBatchNorm, bn_route
+from robustbench_nacl.models.factory import check_encoder, create_encoder
 from robustbench_nacl.models.foreign import load_foreign_encoder
+from robustbench_nacl.models.timm_encoder import TimmEncoder
 from robustbench_nacl.training import TrainConfig, train
 
 # the smallest timm networks: a ResNet that takes any size, and a ConvNeXt that needs 32x32

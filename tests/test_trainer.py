@@ -4,6 +4,7 @@ bit-identical, errors are clean."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -22,7 +23,7 @@ from robustbench_nacl import losses
 from robustbench_nacl.errors import CheckpointError, NonFiniteLoss, UserError
 from robustbench_nacl.io import canonical_json, sha256_bytes, sha256_file
 from robustbench_nacl.models.checkpoint import load_state
-from robustbench_nacl.models.encoders import DualBatchNorm
+from robustbench_nacl.models.dual_bn import DualBatchNorm
 from robustbench_nacl.models.foreign import load_encoder
 from robustbench_nacl.training import (
     TrainConfig,
@@ -464,3 +465,65 @@ def test_adversarial_preset_resumed_after_an_interruption_is_bit_identical(
     extra = manifest["loss_params"]["extra"]
     assert extra["attack_steps"] == 2
     assert {"attack_eps", "attack_step_size", "attack_random_start", "attack_bn_eval"} <= set(extra)
+
+
+# ============ log.jsonl: appended, one line per epoch ============
+
+
+def _log_rows(out: Path) -> list[dict[str, Any]]:
+    """The log's rows without their wall-clock seconds (the only field that differs run to run)."""
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+def test_log_is_appended_one_line_per_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each epoch the log gains exactly one line (two after the first: the epoch-0 kNN row), in
+    the same file (same inode), the lines written before unchanged: appended, not rewritten."""
+    snapshots: list[tuple[int, bytes]] = []
+    real = train_loop.write_log
+
+    def spy(path: Path, rows: list[dict[str, Any]], logged: int) -> None:
+        real(path, rows, logged)
+        snapshots.append((path.stat().st_ino, path.read_bytes()))
+
+    monkeypatch.setattr(train_loop, "write_log", spy)
+    epochs = 3
+    out = train(TrainConfig(loss="simclr", epochs=epochs, **TINY), tmp_path / "run", progress=False)
+    assert len(snapshots) == epochs
+    assert len({ino for ino, _ in snapshots}) == 1  # one file throughout, never replaced
+    for k, (_, text) in enumerate(snapshots, start=1):
+        assert len(text.splitlines()) == k + 1  # the epoch-0 row, then one row per epoch
+        assert text.endswith(b"\n") and json.loads(text.splitlines()[-1])["epoch"] == k
+    for (_, before), (_, after) in itertools.pairwise(snapshots):
+        assert after.startswith(before)
+    assert (out / "log.jsonl").read_bytes() == snapshots[-1][1]
+
+
+def test_resume_leaves_the_log_of_an_uninterrupted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after epoch 1 with a line the state does not cover (a row logged by a later epoch whose
+    state was never saved): the resumed run cuts it, in place, and ends with the reference's lines."""
+    cfg = TrainConfig(loss="simclr", epochs=3, **TINY)
+    ref = train(cfg, tmp_path / "ref", progress=False)
+    real_save = train_loop._save_state
+
+    def killed_before_state_2(run: Any, epoch: int) -> None:
+        if epoch == 2:
+            raise _Killed  # the second epoch trained, neither its state nor its row written
+        real_save(run, epoch)
+
+    out = tmp_path / "killed"
+    monkeypatch.setattr(train_loop, "_save_state", killed_before_state_2)
+    with pytest.raises(_Killed):
+        train(cfg, out, progress=False)
+    monkeypatch.undo()
+    log = out / "log.jsonl"
+    assert len(log.read_text().splitlines()) == 2  # epoch 0 and epoch 1
+    with log.open("a") as f:
+        f.write(json.dumps({"epoch": 2, "train_loss": 0.0, "wall_s": 0.0}) + "\n")
+    inode = log.stat().st_ino
+    train(cfg, out, resume=True, progress=False)
+    assert log.stat().st_ino == inode  # cut and appended in place
+    assert [r["epoch"] for r in _log_rows(out)] == [0, 1, 2, 3]
+    assert _log_rows(out) == _log_rows(ref)

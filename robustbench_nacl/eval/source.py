@@ -16,7 +16,8 @@ from torch import nn
 from ..data import DatasetSpec, parse_spec
 from ..errors import UserError
 from ..io import sha256_bytes
-from ..models.encoders import create_encoder, materialize_lazy
+from ..models.encoders import materialize_lazy
+from ..models.factory import create_encoder
 from ..models.foreign import NORMALIZATIONS, load_encoder
 from ..registry import unknown_choice
 

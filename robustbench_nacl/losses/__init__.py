@@ -16,7 +16,7 @@ from .objectives import (
     objective,
     project,
 )
-from .params import ESTIMATORS, LossParams, Needs, parse_overrides
+from .params import ESTIMATORS, Estimate, LossParams, Needs, parse_overrides
 from .presets import (
     PRESETS,
     VIEW_KEYS,
@@ -36,6 +36,7 @@ __all__ = [
     "OBJECTIVES",
     "PRESETS",
     "VIEW_KEYS",
+    "Estimate",
     "LossParams",
     "Needs",
     "Objective",

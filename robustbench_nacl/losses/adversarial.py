@@ -24,11 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
-from ..models.encoders import bn_route
+from ..models.dual_bn import bn_route
 from ..models.foreign import load_encoder
 from .estimators import pair_loss_rows, similarity
 from .objectives import OBJECTIVES, Objective, encode
-from .params import LossParams, Needs
+from .params import LossParams, Needs, bad_param
 
 ACL_MODES = ("ds", "a2a", "a2s")  # ACL: dual stream, adversarial-to-adversarial, adversarial-to-standard
 EVAL_BN = ("clean", "adv")  # the BatchNorm branch an evaluation of the checkpoint uses
@@ -182,33 +182,33 @@ def attack_defaults(eps: float, steps: int, step_size: float, eval_bn: str) -> d
     }
 
 
-def _bad(msg: str) -> UserError:
-    return UserError(f"invalid loss parameter: {msg}")
-
-
 def check_attack(p: LossParams) -> None:
     """One-line errors for an inner attack or method parameter out of range."""
     e = p.extra_params()
     if not 0.0 <= e["attack_eps"] <= 1.0:
-        raise _bad(f"attack_eps={e['attack_eps']}; must lie in [0, 1] (pixel units, e.g. 0.0314 = 8/255)")
+        raise bad_param(
+            f"attack_eps={e['attack_eps']}; must lie in [0, 1] (pixel units, e.g. 0.0314 = 8/255)"
+        )
     if e["attack_steps"] < 1:
-        raise _bad(f"attack_steps={e['attack_steps']}; must be >= 1")
+        raise bad_param(f"attack_steps={e['attack_steps']}; must be >= 1")
     if not 0.0 < e["attack_step_size"] <= 1.0:
-        raise _bad(f"attack_step_size={e['attack_step_size']}; must lie in (0, 1] (pixel units)")
+        raise bad_param(f"attack_step_size={e['attack_step_size']}; must lie in (0, 1] (pixel units)")
     if e["eval_bn"] not in EVAL_BN:
-        raise _bad(f"eval_bn={e['eval_bn']!r}; valid choices: {', '.join(EVAL_BN)}")
+        raise bad_param(f"eval_bn={e['eval_bn']!r}; valid choices: {', '.join(EVAL_BN)}")
     if "acl_mode" in e and e["acl_mode"] not in ACL_MODES:
-        raise _bad(f"acl_mode={e['acl_mode']!r}; valid choices: {', '.join(ACL_MODES)}")
+        raise bad_param(f"acl_mode={e['acl_mode']!r}; valid choices: {', '.join(ACL_MODES)}")
     if "rocl_lamda" in e and not e["rocl_lamda"] > 0:
-        raise _bad(f"rocl_lamda={e['rocl_lamda']}; must be > 0 (the regulariser's weight is 1 / lamda)")
+        raise bad_param(f"rocl_lamda={e['rocl_lamda']}; must be > 0 (the regulariser's weight is 1 / lamda)")
     if "reload_frac" in e and not 0.0 < e["reload_frac"] <= 1.0:
-        raise _bad(f"reload_frac={e['reload_frac']}; must lie in (0, 1]")
+        raise bad_param(f"reload_frac={e['reload_frac']}; must lie in (0, 1]")
     if "aux_bn_momentum" in e and not 0.0 < e["aux_bn_momentum"] <= 1.0:
-        raise _bad(f"aux_bn_momentum={e['aux_bn_momentum']}; must lie in (0, 1]")
+        raise bad_param(f"aux_bn_momentum={e['aux_bn_momentum']}; must lie in (0, 1]")
     if "swap_param" in e and not 0.0 <= e["swap_param"] <= 1.5:
-        raise _bad(f"swap_param={e['swap_param']}; must lie in [0, 1.5]")
+        raise bad_param(f"swap_param={e['swap_param']}; must lie in [0, 1.5]")
     if e.get("teacher") and not Path(str(e["teacher"])).exists():
-        raise _bad(f"teacher={e['teacher']!r} does not exist; pass a checkpoint directory written by `train`")
+        raise bad_param(
+            f"teacher={e['teacher']!r} does not exist; pass a checkpoint directory written by `train`"
+        )
 
 
 def _adv_needs(p: LossParams) -> Needs:

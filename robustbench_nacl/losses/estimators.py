@@ -14,13 +14,14 @@ import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UserError
-from .params import ESTIMATORS
+from .params import ESTIMATORS, Estimate
 
 
 def check_estimator(estimator: str) -> None:
@@ -52,16 +53,7 @@ def autocast_off(device_type: str) -> Iterator[None]:
         yield
 
 
-def log_neg_mass(
-    s_neg: Tensor,
-    s_v: Tensor,
-    estimator: str,
-    *,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
-) -> Tensor:
+def log_neg_mass(s_neg: Tensor, s_v: Tensor, est: Estimate | str | None = None, **fields: Any) -> Tensor:
     """``log(N * G)`` per anchor row.
 
     Args:
@@ -69,54 +61,46 @@ def log_neg_mass(
         s_v: (A, m) tempered similarities to the m samples of the positive distribution used by the
             debiasing correction (default m = 1, v_1 = the positive; M positives for NCA with M > 1,
             docs/decisions.md, 'NCA and MIXNCA').
-        estimator: "g0" | "g1" | "g2".
-        temperature: t, for the clamp ``N * e^{-1/t}``.
-        tau_plus: class prior of the debiasing correction (g1, g2).
-        beta: hardness concentration of g2 (importance weights ``softmax(beta * s)``).
-        detach_weights: detach g2's importance weights (the official HCL code does not).
+        est: the :class:`Estimate` (estimator g0 | g1 | g2; temperature t, for the clamp
+            ``N * e^{-1/t}``; tau_plus, the class prior of g1/g2; beta, g2's hardness, importance
+            weights ``softmax(beta * s)``; detach_weights), or the estimator's name with the other
+            fields as keywords.
 
     Returns:
         (A,) tensor of ``log(N * G)``.
     """
-    check_estimator(estimator)
+    e = Estimate.given(est, fields)
+    check_estimator(e.estimator)
     n = s_neg.shape[1]
-    if estimator == "g0":
+    if e.estimator == "g0":
         return torch.logsumexp(s_neg, dim=1)
     # The shift c is a constant of the row: the result is exactly shift-invariant, so detaching it
     # only removes a gradient path whose contributions cancel.
     c = torch.maximum(s_neg.max(dim=1).values, s_v.max(dim=1).values).detach()
     e_neg = torch.exp(s_neg - c[:, None])
-    if estimator == "g1":
+    if e.estimator == "g1":
         first = e_neg.sum(dim=1)
     else:
-        w = torch.softmax(beta * s_neg, dim=1)
-        if detach_weights:
+        w = torch.softmax(e.beta * s_neg, dim=1)
+        if e.detach_weights:
             w = w.detach()
         # N * sum_i k_i^(b+1) / sum_i k_i^b, written with softmax weights that sum to 1.
         first = n * (w * e_neg).sum(dim=1)
-    corr = tau_plus * n * torch.exp(s_v - c[:, None]).mean(dim=1)
-    ng = (first - corr) / (1.0 - tau_plus)
-    floor = n * torch.exp(-1.0 / temperature - c)
+    corr = e.tau_plus * n * torch.exp(s_v - c[:, None]).mean(dim=1)
+    ng = (first - corr) / (1.0 - e.tau_plus)
+    floor = n * torch.exp(-1.0 / e.temperature - c)
     return torch.log(torch.maximum(ng, floor)) + c
 
 
-def clamp_fraction(
-    s_neg: Tensor,
-    s_v: Tensor,
-    estimator: str,
-    *,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-) -> Tensor:
+def clamp_fraction(s_neg: Tensor, s_v: Tensor, est: Estimate) -> Tensor:
     """Fraction of anchors whose debiased estimate hits the ``N e^{-1/t}`` clamp (logged: there the
     negatives get no gradient for that anchor), as a 0-dim tensor on the similarities' device: the
     trainer reads its statistics out once per epoch, not once per step (no host sync)."""
-    if estimator == "g0" or tau_plus == 0.0:
+    if est.estimator == "g0" or est.tau_plus == 0.0:
         return torch.zeros((), device=s_neg.device)
     with torch.no_grad():
-        lng = log_neg_mass(s_neg, s_v, estimator, temperature=temperature, tau_plus=tau_plus, beta=beta)
-        floor = math.log(s_neg.shape[1]) - 1.0 / temperature
+        lng = log_neg_mass(s_neg, s_v, est)
+        floor = math.log(s_neg.shape[1]) - 1.0 / est.temperature
         return (lng <= floor + 1e-6).float().mean()
 
 
@@ -170,28 +154,14 @@ def _pair_indices(b: int, device: torch.device) -> tuple[Tensor, Tensor]:
         return ((i + b) % (2 * b))[:, None], negatives
 
 
-def pair_loss_rows(
-    z1: Tensor,
-    z2: Tensor,
-    *,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
-) -> Tensor:
-    """Per-anchor two-view loss ``K(e^{s(x,x+)}, N G)`` for the 2B anchors (view-1 rows first)."""
-    _, s_pos, s_neg = base_pair_similarities(z1, z2, temperature)
-    log_ng = log_neg_mass(
-        s_neg,
-        s_pos[:, None],
-        estimator,
-        temperature=temperature,
-        tau_plus=tau_plus,
-        beta=beta,
-        detach_weights=detach_weights,
-    )
-    return nca_row(s_pos, log_ng)
+def pair_loss_rows(z1: Tensor, z2: Tensor, est: Estimate | None = None, **fields: Any) -> Tensor:
+    """Per-anchor two-view loss ``K(e^{s(x,x+)}, N G)`` for the 2B anchors (view-1 rows first).
+
+    ``est`` is an :class:`Estimate`, or its fields are given as keywords (``estimator=``, ...).
+    """
+    e = Estimate.given(est, fields)
+    _, s_pos, s_neg = base_pair_similarities(z1, z2, e.temperature)
+    return nca_row(s_pos, log_neg_mass(s_neg, s_pos[:, None], e))
 
 
 def pair_loss(
@@ -207,16 +177,15 @@ def pair_loss(
 
     ``z1``, ``z2`` are the (B, d) embeddings of the two views, already L2-normalised; each anchor's
     negatives are the other 2B - 2 embeddings. Matches the public SimCLR/DCL/HCL implementations
-    (``tests/data/golden``) to 1e-6 relative in float64.
+    (``tests/data/golden``) to 1e-6 relative in float64. The keywords are spelled out here (not an
+    :class:`Estimate`): this is the function a plugin loss calls.
 
     Examples:
         >>> z1 = F.normalize(torch.randn(8, 16, dtype=torch.float64), dim=1)
         >>> z2 = F.normalize(torch.randn(8, 16, dtype=torch.float64), dim=1)
         >>> loss = pair_loss(z1, z2, estimator="g2", temperature=0.5, tau_plus=0.1, beta=1.0)
     """
-    return pair_loss_rows(
-        z1, z2, estimator=estimator, temperature=temperature, tau_plus=tau_plus, beta=beta
-    ).mean()
+    return pair_loss_rows(z1, z2, Estimate(estimator, temperature, tau_plus, beta)).mean()
 
 
 def normalize(z: Tensor) -> Tensor:

@@ -33,10 +33,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
-from ..models.encoders import bn_route
+from ..models.dual_bn import bn_route
 from ..registry import Registry
 from .estimators import base_pair_similarities, clamp_fraction, normalize, pair_loss, upcast
-from .params import LossParams, Needs
+from .params import Estimate, LossParams, Needs
 from .terms import arcl_rows, mixnca_rows, nca_rows, robust_rows, supervised_rows, var_rows, w_hat
 
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor | float]]]
@@ -83,16 +83,6 @@ def random_cycle(n: int, gen: torch.Generator) -> Tensor:
     return perm
 
 
-def _estimator_kwargs(p: LossParams, which: str = "G1") -> dict[str, Any]:
-    return {
-        "estimator": getattr(p, which),
-        "temperature": p.t,
-        "tau_plus": p.tau_plus,
-        "beta": p.beta,
-        "detach_weights": p.detach_weights,
-    }
-
-
 # ============ positive aggregators ============
 
 Aggregator = Callable[[nn.Module, list[Tensor], list[Tensor], LossParams, torch.Generator, bool], Tensor]
@@ -117,14 +107,14 @@ def _mixed_positives(views: list[Tensor], p: LossParams, gen: torch.Generator) -
 
 @AGGREGATORS.register("nca")
 def _nca(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, gen, fuse) -> Tensor:
-    kw = _estimator_kwargs(p)
+    est = Estimate.of(p)
     rows = None
     if p.lam is None or p.combine:
-        rows = nca_rows(z[0], z[1], z[2 : p.M + 1], **kw)
+        rows = nca_rows(z[0], z[1], z[2 : p.M + 1], est)
     if p.lam is not None:
         mixed_inputs = _mixed_positives(views, p, gen)
         zm = encode(model, mixed_inputs, fuse) if mixed_inputs else []
-        mix = mixnca_rows(z[0], z[1], zm, lam=p.lam, **kw)
+        mix = mixnca_rows(z[0], z[1], zm, est, lam=p.lam)
         rows = mix if rows is None else rows + mix
     assert rows is not None
     return rows
@@ -132,12 +122,12 @@ def _nca(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, 
 
 @AGGREGATORS.register("var")
 def _var(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, gen, fuse) -> Tensor:
-    return var_rows(z[0], z[1 : p.M + 1], **_estimator_kwargs(p), anchors=p.var_anchors)
+    return var_rows(z[0], z[1 : p.M + 1], Estimate.of(p), anchors=p.var_anchors)
 
 
 @AGGREGATORS.register("worst_pair")
 def _worst_pair(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossParams, gen, fuse) -> Tensor:
-    return arcl_rows(z, **_estimator_kwargs(p), form=p.arcl_form)
+    return arcl_rows(z, Estimate.of(p), form=p.arcl_form)
 
 
 # ============ adversarial positives ============
@@ -169,12 +159,9 @@ def robust_term(model: nn.Module, views: list[Tensor], z: list[Tensor], p: LossP
     x_adv = adversarial_view(model, views[0], p)
     with bn_route(model, "adv" if p.dual_bn else "clean"):
         (z_adv,) = encode(model, [x_adv])
-    kw = _estimator_kwargs(p, "G2")
-    weights = None
-    if p.w == "w_hat":
-        est = {k: v for k, v in kw.items() if k != "detach_weights"}
-        weights = w_hat(z[0], z[1], **est, detach=not p.w_hat_grad)
-    return robust_rows(z[0], z_adv, weights, **kw, anchors=p.robust_anchors).mean()
+    est = Estimate.of(p, "G2")
+    weights = w_hat(z[0], z[1], est, detach=not p.w_hat_grad) if p.w == "w_hat" else None
+    return robust_rows(z[0], z_adv, weights, est, anchors=p.robust_anchors).mean()
 
 
 # ============ objectives ============
@@ -251,9 +238,7 @@ def contrastive_loss(
     stats: dict[str, Tensor] = {"nacl_loss": loss.detach()}
     if p.tau_plus > 0:
         _, s_pos, s_neg = base_pair_similarities(z[0].detach(), z[1].detach(), p.t)
-        stats["clamp_frac"] = clamp_fraction(
-            s_neg, s_pos[:, None], p.G1, temperature=p.t, tau_plus=p.tau_plus, beta=p.beta
-        )
+        stats["clamp_frac"] = clamp_fraction(s_neg, s_pos[:, None], Estimate.of(p))
     if p.alpha > 0:
         robust = robust_term(model, views, z, p)
         stats["robust_loss"] = robust.detach()

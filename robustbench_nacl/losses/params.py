@@ -1,4 +1,4 @@
-"""The unified loss parameters, what a loss needs from the trainer, and ``--set k=v`` parsing.
+"""The unified loss parameters, what a loss needs from the trainer, ``--set k=v`` parsing, range checks.
 
 The bottom layer of ``losses``: it imports nothing from the package above ``errors``, so every other
 module of ``losses`` (estimators, terms, objectives, presets) may import it.
@@ -8,6 +8,7 @@ Formulas and defaults: docs/decisions.md, 'Loss formulas' and 'Loss presets'.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,7 @@ class LossParams:
     adv_eps: float = 0.015  # adversarial positive budget in [0,1] pixel units (CLAE 0.03 in [-1,1])
     adv_estimator: str = "g0"  # the loss the adversarial positive maximises (CLAE: NT-Xent)
     dual_bn: bool = True  # AdvProp-style auxiliary BatchNorm for adversarial inputs
-    head: str = "clae"  # projection head: a HEADS name (models/encoders.py)
+    head: str = "clae"  # projection head: a HEADS name (models/heads.py)
     robust_anchors: str = "both"  # "both": clean and adversarial views anchor; "one_sided": clean only
     var_anchors: str = "both"  # "both": view 0 and view j anchor each trial; "one_sided": view 0 only
     w_hat_grad: bool = False  # let gradient flow through w_hat (default: a detached weight)
@@ -79,6 +80,38 @@ class LossParams:
         if self.extra:
             out["extra"] = self.extra_params()
         return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How a contrastive term estimates its negative mass: the estimator and the parameters it reads.
+
+    Built once per term from :class:`LossParams` (:meth:`of`) and passed through the estimators and
+    terms unchanged (docs/decisions.md, 'Negative estimators').
+    """
+
+    estimator: str  # "g0" | "g1" | "g2"
+    temperature: float  # t: s = cos / t
+    tau_plus: float = 0.0  # class prior of the debiasing correction (g1, g2)
+    beta: float = 0.0  # hardness concentration of g2
+    detach_weights: bool = False  # detach g2's importance weights (the official HCL code does not)
+
+    @classmethod
+    def of(cls, p: LossParams, which: str = "G1") -> Estimate:
+        """The estimate of ``p``'s NaCl term (``which="G1"``), robust term ("G2") or adversarial positive."""
+        return cls(getattr(p, which), p.t, p.tau_plus, p.beta, p.detach_weights)
+
+    @classmethod
+    def given(cls, est: Estimate | str | None, fields: Mapping[str, Any]) -> Estimate:
+        """``est`` itself, or one built from the keyword form (``estimator=..., temperature=...``).
+
+        The loss functions take either, so that library callers keep the keyword arguments.
+        """
+        if isinstance(est, Estimate):
+            if fields:
+                raise TypeError(f"pass an Estimate or its fields, not both (got {', '.join(fields)})")
+            return est
+        return cls(**fields) if est is None else cls(est, **fields)
 
 
 @dataclass(frozen=True)
@@ -158,3 +191,46 @@ def _check_type(name: str, value: Any, t: str) -> Any:
     if not ok:
         raise UserError(f"loss parameter {name}={value!r}: expected {_TYPE_WORDS.get(base, base)}")
     return float(value) if base == "float" else value
+
+
+# ============ ranges ============
+
+
+def bad_param(msg: str) -> UserError:
+    """The one-line error for a loss parameter out of range or not among its choices."""
+    return UserError(f"invalid loss parameter: {msg}")
+
+
+def check_ranges(p: LossParams) -> None:
+    """Every numeric parameter against its valid range."""
+    if p.M < 1:
+        raise bad_param(f"M={p.M}; M must be >= 1")
+    if p.lam is not None and not 0.0 <= p.lam <= 1.0:
+        raise bad_param(f"lam={p.lam}; lam must lie in [0, 1]")
+    if p.combine and p.lam is None:
+        raise bad_param("combine=true needs a mixing coefficient lam")
+    if not 0.0 <= p.tau_plus < 1.0:
+        raise bad_param(f"tau_plus={p.tau_plus}; tau_plus must lie in [0, 1)")
+    if p.beta < 0:
+        raise bad_param(f"beta={p.beta}; beta must be >= 0")
+    if p.t <= 0:
+        raise bad_param(f"t={p.t}; the temperature must be > 0")
+    if p.alpha < 0:
+        raise bad_param(f"alpha={p.alpha}; alpha must be >= 0")
+    if p.positives == "worst_pair" and p.m_views < 2:
+        raise bad_param(f"m_views={p.m_views}; ArCL needs m_views >= 2")
+    for name in ("mix_alpha", "mix_rho"):
+        if not 0.0 <= getattr(p, name) <= 1.0:
+            raise bad_param(f"{name}={getattr(p, name)}; must lie in [0, 1]")
+    if not 0.0 <= p.adv_eps <= 1.0:
+        raise bad_param(f"adv_eps={p.adv_eps}; must lie in [0, 1] (pixel units)")
+    if p.noise_scale < 0:
+        raise bad_param(f"noise_scale={p.noise_scale}; must be >= 0")
+
+
+def coerce_plugin_value(name: str, value: Any, default: Any) -> Any:
+    """A plugin parameter converted to its default's type (bool, int, float or str), finite."""
+    out = coerce_value(name, value, type(default).__name__)
+    if isinstance(out, float) and not math.isfinite(out):
+        raise UserError(f"--set {name}={value!r}: expected a finite number")
+    return out

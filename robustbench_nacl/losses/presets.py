@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -22,9 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..augment import views as augment
+from ..augment.mixup import RHO_MODES
+from ..augment.views import VIEW_MAKERS
 from ..errors import UserError
-from ..models.encoders import HEADS, create_head
+from ..models.heads import HEADS, head_builds
 from ..registry import Registry, did_you_mean
 from .adversarial import ACL_ATTACK, DEACL_ATTACK, ROCL_ATTACK
 from .estimators import autocast_off
@@ -37,8 +37,10 @@ from .params import (
     WEIGHTINGS,
     LossParams,
     Needs,
+    bad_param,
+    check_ranges,
     coerce_overrides,
-    coerce_value,
+    coerce_plugin_value,
     parse_overrides,
 )
 
@@ -252,35 +254,16 @@ def list_presets() -> list[str]:
 # ============ validation ============
 
 
-def _bad(msg: str) -> UserError:
-    return UserError(f"invalid loss parameter: {msg}")
-
-
 def _check_choice(name: str, value: Any, choices: list[str] | tuple[str, ...], what: str = "") -> None:
     if value not in choices:
-        raise _bad(f"{name}={value!r}; valid choices{what}: {', '.join(choices)}")
-
-
-def head_builds(name: str, labels: bool) -> bool:
-    """Whether the trainer could build head ``name``: with a class count exactly when labels are used.
-
-    The trainer calls ``create_head(head, feature_dim, out_dim=num_classes if labels else None)``
-    after loading the data; building it here on the meta device (no memory, no random draws) makes
-    e.g. a classifier head under a contrastive objective fail before anything is loaded.
-    """
-    with torch.device("meta"):
-        try:
-            create_head(name, 8, out_dim=3 if labels else None)
-        except UserError:
-            return False
-    return True
+        raise bad_param(f"{name}={value!r}; valid choices{what}: {', '.join(choices)}")
 
 
 def _check_names(p: LossParams) -> None:
     """Every name-valued parameter against its registry (whose error lists the valid names) or choices."""
     OBJECTIVES.get(p.objective)
     AGGREGATORS.get(p.positives)
-    augment.VIEW_MAKERS.get(p.views)
+    VIEW_MAKERS.get(p.views)
     HEADS.get(p.head)
     for g in ("G1", "G2", "adv_estimator"):
         _check_choice(g, getattr(p, g), ESTIMATORS)
@@ -288,37 +271,10 @@ def _check_names(p: LossParams) -> None:
     _check_choice("robust_anchors", p.robust_anchors, ANCHORS)
     _check_choice("var_anchors", p.var_anchors, ANCHORS)
     _check_choice("arcl_form", p.arcl_form, ARCL_FORMS)
-    _check_choice("mix_rho_mode", p.mix_rho_mode, augment.RHO_MODES)
+    _check_choice("mix_rho_mode", p.mix_rho_mode, RHO_MODES)
     labels = needs(p).labels
     heads = [h for h in HEADS.names() if head_builds(h, labels)]
     _check_choice("head", p.head, heads, f" for the {p.objective} objective")
-
-
-def check_ranges(p: LossParams) -> None:
-    """Every numeric parameter against its valid range."""
-    if p.M < 1:
-        raise _bad(f"M={p.M}; M must be >= 1")
-    if p.lam is not None and not 0.0 <= p.lam <= 1.0:
-        raise _bad(f"lam={p.lam}; lam must lie in [0, 1]")
-    if p.combine and p.lam is None:
-        raise _bad("combine=true needs a mixing coefficient lam")
-    if not 0.0 <= p.tau_plus < 1.0:
-        raise _bad(f"tau_plus={p.tau_plus}; tau_plus must lie in [0, 1)")
-    if p.beta < 0:
-        raise _bad(f"beta={p.beta}; beta must be >= 0")
-    if p.t <= 0:
-        raise _bad(f"t={p.t}; the temperature must be > 0")
-    if p.alpha < 0:
-        raise _bad(f"alpha={p.alpha}; alpha must be >= 0")
-    if p.positives == "worst_pair" and p.m_views < 2:
-        raise _bad(f"m_views={p.m_views}; ArCL needs m_views >= 2")
-    for name in ("mix_alpha", "mix_rho"):
-        if not 0.0 <= getattr(p, name) <= 1.0:
-            raise _bad(f"{name}={getattr(p, name)}; must lie in [0, 1]")
-    if not 0.0 <= p.adv_eps <= 1.0:
-        raise _bad(f"adv_eps={p.adv_eps}; must lie in [0, 1] (pixel units)")
-    if p.noise_scale < 0:
-        raise _bad(f"noise_scale={p.noise_scale}; must be >= 0")
 
 
 def validate(p: LossParams) -> LossParams:
@@ -353,18 +309,10 @@ def apply_overrides(preset: Preset, overrides: dict[str, Any] | list[str] | None
                     f"its parameters: {', '.join(allowed)}"
                 )
     changes = coerce_overrides({k: v for k, v in items.items() if k not in extra})
-    plugin = {k: _coerce_plugin_value(k, v, extra[k]) for k, v in items.items() if k in extra}
+    plugin = {k: coerce_plugin_value(k, v, extra[k]) for k, v in items.items() if k in extra}
     if plugin:
         changes["extra"] = {**extra, **plugin}
     return dataclasses.replace(preset.params, **changes)
-
-
-def _coerce_plugin_value(name: str, value: Any, default: Any) -> Any:
-    """A plugin parameter converted to its default's type (bool, int, float or str), finite."""
-    out = coerce_value(name, value, type(default).__name__)
-    if isinstance(out, float) and not math.isfinite(out):
-        raise UserError(f"--set {name}={value!r}: expected a finite number")
-    return out
 
 
 # ============ presets from plugins ============
@@ -459,7 +407,7 @@ def _two_views(p: LossParams) -> Needs:
 
 
 def _check_views_and_head(views: str, head: str) -> None:
-    augment.VIEW_MAKERS.get(views)
+    VIEW_MAKERS.get(views)
     HEADS.get(head)
     if not head_builds(head, labels=False):
         raise UserError(f"head {head!r} needs class labels; a pair loss takes a projection head such as clae")

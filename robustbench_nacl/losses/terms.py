@@ -7,6 +7,9 @@ Formulas: docs/decisions.md, 'Loss formulas', and the sections named in each fun
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -20,40 +23,26 @@ from .estimators import (
     similarity,
     upcast,
 )
-from .params import ANCHORS, ARCL_FORMS
+from .params import ANCHORS, ARCL_FORMS, Estimate
 
 
 def nca_rows(
-    z0: Tensor,
-    z1: Tensor,
-    extras: list[Tensor],
-    *,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
+    z0: Tensor, z1: Tensor, extras: list[Tensor], est: Estimate | None = None, **fields: Any
 ) -> Tensor:
     """L_NCA(G, M) per anchor with M = 1 + len(extras) positives (docs/decisions.md, 'NCA and MIXNCA').
 
     Anchors are the base views ``z0``, ``z1``; anchor a's positives are its other base view and
     the extra views of the same image; negatives are the base views of the other images
     (N = 2B - 2, independent of M). Debiasing uses all M positives (m = M, v_j = x_j+).
+    ``est`` is an :class:`Estimate`, or its fields are given as keywords (as for every term here).
     """
-    zz, s_pos, s_neg = base_pair_similarities(z0, z1, temperature)
+    e = Estimate.given(est, fields)
+    zz, s_pos, s_neg = base_pair_similarities(z0, z1, e.temperature)
     cols = [s_pos]
-    for e in extras:
-        cols.append((zz * torch.cat([e, e], dim=0)).sum(dim=1) / temperature)
+    for x in extras:
+        cols.append((zz * torch.cat([x, x], dim=0)).sum(dim=1) / e.temperature)
     s_all = torch.stack(cols, dim=1)
-    log_ng = log_neg_mass(
-        s_neg,
-        s_all,
-        estimator,
-        temperature=temperature,
-        tau_plus=tau_plus,
-        beta=beta,
-        detach_weights=detach_weights,
-    )
+    log_ng = log_neg_mass(s_neg, s_all, e)
     return nca_row(torch.logsumexp(s_all, dim=1), log_ng)
 
 
@@ -61,13 +50,10 @@ def mixnca_rows(
     z0: Tensor,
     z1: Tensor,
     mixed: list[Tensor],
+    est: Estimate | None = None,
     *,
     lam: float,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
+    **fields: Any,
 ) -> Tensor:
     """L_MIXNCA(G, M, lambda) per anchor with M - 1 = len(mixed) mixed positives.
 
@@ -76,22 +62,15 @@ def mixnca_rows(
     debiased with v_1 = x+ (docs/decisions.md, 'NCA and MIXNCA'). With no mixed positives this is
     the base loss.
     """
-    zz, s_pos, s_neg = base_pair_similarities(z0, z1, temperature)
-    log_ng = log_neg_mass(
-        s_neg,
-        s_pos[:, None],
-        estimator,
-        temperature=temperature,
-        tau_plus=tau_plus,
-        beta=beta,
-        detach_weights=detach_weights,
-    )
+    e = Estimate.given(est, fields)
+    zz, s_pos, s_neg = base_pair_similarities(z0, z1, e.temperature)
+    log_ng = log_neg_mass(s_neg, s_pos[:, None], e)
     rows = nca_row(s_pos, log_ng)
     if not mixed:
         return rows
     soft = torch.zeros_like(rows)
     for zm in mixed:
-        ell = (zz * zm).sum(dim=1) / temperature
+        ell = (zz * zm).sum(dim=1) / e.temperature
         den = torch.logaddexp(ell, log_ng)
         # Binary cross-entropy with soft target lambda on Omega_j = e^ell / (e^ell + NG).
         soft = soft - lam * (ell - den) - (1.0 - lam) * (log_ng - den)
@@ -101,13 +80,10 @@ def mixnca_rows(
 def var_rows(
     z0: Tensor,
     positives: list[Tensor],
+    est: Estimate | None = None,
     *,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
     anchors: str = "both",
+    **fields: Any,
 ) -> Tensor:
     """L_VAR(G, M) per anchor (NaCl-ICLR): the mean of M two-view trials (view 0, view j).
 
@@ -116,19 +92,9 @@ def var_rows(
     (B rows), as the paper prints E_x[1/M sum_j K(e^{s(x, x_j+)}, N g)] (docs/decisions.md, 'VAR').
     """
     _check_choice("anchors", anchors, ANCHORS)
+    e = Estimate.given(est, fields)
     b = z0.shape[0]
-    rows = [
-        pair_loss_rows(
-            z0,
-            zj,
-            estimator=estimator,
-            temperature=temperature,
-            tau_plus=tau_plus,
-            beta=beta,
-            detach_weights=detach_weights,
-        )
-        for zj in positives
-    ]
+    rows = [pair_loss_rows(z0, zj, e) for zj in positives]
     out = torch.stack(rows, dim=0).mean(dim=0)
     return out if anchors == "both" else out[:b]
 
@@ -153,14 +119,7 @@ def worst_pair(views: list[Tensor]) -> tuple[Tensor, Tensor]:
 
 
 def arcl_rows(
-    views: list[Tensor],
-    *,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
-    form: str = "ntxent",
+    views: list[Tensor], est: Estimate | None = None, *, form: str = "ntxent", **fields: Any
 ) -> Tensor:
     """ArCL per anchor on each image's worst-aligned pair of its m views (docs/decisions.md, 'ArCL').
 
@@ -171,22 +130,14 @@ def arcl_rows(
     selection itself is not differentiated.
     """
     _check_choice("form", form, ARCL_FORMS)
-    kw = {"estimator": estimator, "temperature": temperature, "tau_plus": tau_plus, "beta": beta}
+    e = Estimate.given(est, fields)
     if form == "algorithm1":
-        return arcl_algorithm1_rows(views, **kw, detach_weights=detach_weights)
+        return arcl_algorithm1_rows(views, e)
     za, zb = worst_pair(views)
-    return pair_loss_rows(za, zb, **kw, detach_weights=detach_weights)
+    return pair_loss_rows(za, zb, e)
 
 
-def arcl_algorithm1_rows(
-    views: list[Tensor],
-    *,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
-) -> Tensor:
+def arcl_algorithm1_rows(views: list[Tensor], est: Estimate | None = None, **fields: Any) -> Tensor:
     """ArCL Algorithm 1 as printed: ``-log(e^{s_i+} / sum_{j != i} e^{s_ij-})`` for the B view-1 anchors.
 
     ``s_i+`` is the worst pair's tempered cosine; the 2B - 1 negatives of anchor ``z_i1`` are every
@@ -194,44 +145,31 @@ def arcl_algorithm1_rows(
     the positive is not in the denominator. With g0 this is the printed loss exactly; g1/g2 replace
     the denominator by their estimate N G (N = 2B - 1).
     """
+    e = Estimate.given(est, fields)
     za, zb = worst_pair(views)
-    s_pos = (za * zb).sum(dim=1) / temperature
+    s_pos = (za * zb).sum(dim=1) / e.temperature
     z1, z2 = views[0], views[1]
     b = z1.shape[0]
-    sim = similarity(z1, torch.cat([z1, z2], dim=0), temperature)  # (B, 2B)
+    sim = similarity(z1, torch.cat([z1, z2], dim=0), e.temperature)  # (B, 2B)
     keep = torch.ones_like(sim, dtype=torch.bool)
     keep[torch.arange(b), torch.arange(b)] = False  # drop z_i1 . z_i1 only
     s_neg = sim[keep].view(b, 2 * b - 1)
-    log_ng = log_neg_mass(
-        s_neg,
-        s_pos[:, None],
-        estimator,
-        temperature=temperature,
-        tau_plus=tau_plus,
-        beta=beta,
-        detach_weights=detach_weights,
-    )
-    return log_ng - s_pos
+    return log_neg_mass(s_neg, s_pos[:, None], e) - s_pos
 
 
 def w_hat(
-    z0: Tensor,
-    z1: Tensor,
-    *,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach: bool = True,
+    z0: Tensor, z1: Tensor, est: Estimate | None = None, *, detach: bool = True, **fields: Any
 ) -> Tensor:
     """The adversarial weighting w_hat(x) = K(e^{s(x,x+)}, N G), per image (docs/decisions.md, 'Robust term').
 
     The image's weight is the clean loss of its view-0 anchor (x in the formula). Detached by
     default (a weight, not a loss path); ``detach=False`` lets gradient flow through it, as the
-    formula read literally does. Not renormalised (the papers do not).
+    formula read literally does. Not renormalised (the papers do not). The weight never detaches
+    g2's importance weights (``est.detach_weights`` is ignored here, as it always was).
     """
+    e = dataclasses.replace(Estimate.given(est, fields), detach_weights=False)
     b = z0.shape[0]
-    rows = pair_loss_rows(z0, z1, estimator=estimator, temperature=temperature, tau_plus=tau_plus, beta=beta)
+    rows = pair_loss_rows(z0, z1, e)
     return rows[:b].detach() if detach else rows[:b]
 
 
@@ -239,13 +177,10 @@ def robust_rows(
     z_anchor: Tensor,
     z_adv: Tensor,
     weights: Tensor | None,
+    est: Estimate | None = None,
     *,
-    estimator: str,
-    temperature: float,
-    tau_plus: float = 0.0,
-    beta: float = 0.0,
-    detach_weights: bool = False,
     anchors: str = "both",
+    **fields: Any,
 ) -> Tensor:
     """L_Robust(G, w) per anchor: w(x) * K(e^{s(x, x_adv)}, N G) (docs/decisions.md, 'Robust term').
 
@@ -256,15 +191,7 @@ def robust_rows(
     (it is not inside the log).
     """
     _check_choice("anchors", anchors, ANCHORS)
-    rows = pair_loss_rows(
-        z_anchor,
-        z_adv,
-        estimator=estimator,
-        temperature=temperature,
-        tau_plus=tau_plus,
-        beta=beta,
-        detach_weights=detach_weights,
-    )
+    rows = pair_loss_rows(z_anchor, z_adv, Estimate.given(est, fields))
     if anchors == "one_sided":
         rows = rows[: z_anchor.shape[0]]
     if weights is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..data import DatasetSpec, parse_spec
 from ..errors import UserError
-from ..models.encoders import check_encoder
+from ..models.factory import check_encoder
 
 
 @dataclass(frozen=True)

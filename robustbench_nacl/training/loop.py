@@ -30,17 +30,17 @@ from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
 from ..locks import remove_temporaries
 from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
-from ..models.encoders import ContrastiveModel
 from ..models.features import extract_features, knn_accuracy
+from ..models.heads import ContrastiveModel
 from ..utils import device_name, resolve_device, seed_everything
 from . import distributed
 from .config import TrainConfig, check_settings, check_train_size
 from .distributed import World
+from .epoch_log import LOG, write_log
 from .manifest import RunOutcome, build_manifest, run_id
 from .step import TrainStep, build_model, check_finite, epoch_values
 
 STATE = "train_state.pt"
-LOG = "log.jsonl"
 STATE_KEYS = ("model", "optimizer", "torch_rng", "config", "epoch", "elapsed", "log")
 
 
@@ -225,7 +225,7 @@ def _processes(dist_state: dict[str, Any] | None) -> str:
 
 
 def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
-    """The remaining epochs; after each, the state and the log are saved (atomically)."""
+    """The remaining epochs; after each, the state is saved (atomically) and the log appended."""
     cfg = run.cfg
     epochs = tqdm(
         range(run.start_epoch, cfg.epochs),
@@ -234,6 +234,8 @@ def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
         initial=run.start_epoch,
         total=cfg.epochs,
     )
+    # the rows log.jsonl already holds: those of the state resumed from (none on a fresh run)
+    logged = len(run.log) if run.start_epoch > 0 else 0
     for epoch in epochs:
         row = _train_epoch(run, step, epoch, progress)
         if not run.world.main:
@@ -246,8 +248,8 @@ def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
             loss=f"{row['train_loss']:.4f}", knn=f"{knn_acc:.3f}" if knn_acc is not None else "-"
         )
         _save_state(run, epoch + 1)
-        with atomic_open(run.out / LOG, "w") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in run.log))
+        write_log(run.out / LOG, run.log, logged)  # after the state, which then always covers it
+        logged = len(run.log)
 
 
 def _train_epoch(run: _Run, step_fn: TrainStep, epoch: int, progress: bool) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from .. import losses, plugins
 from ..data import canonical_spec, normalization
 from ..io import canonical_json, sha256_bytes
 from ..models.checkpoint import WEIGHTS, read_manifest, resolve_manifest_path
-from ..models.encoders import ENCODERS, TIMM_PREFIX
+from ..models.encoders import ENCODERS
+from ..models.timm_encoder import TIMM_PREFIX
 from ..utils import versions
 from .config import TrainConfig
 

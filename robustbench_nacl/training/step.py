@@ -15,7 +15,9 @@ from ..data import normalization
 from ..errors import NonFiniteLoss
 from ..losses.adversarial import StepContext
 from ..losses.objectives import Objective
-from ..models.encoders import ContrastiveModel, DualBatchNorm, create_encoder
+from ..models.dual_bn import DualBatchNorm
+from ..models.factory import create_encoder
+from ..models.heads import ContrastiveModel
 from .config import TrainConfig
 
 

@@ -17,7 +17,7 @@ from robustbench_nacl.data import canonical_spec
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.eval.recipe import recipe_of
 from robustbench_nacl.eval.source import CheckpointInfo
-from robustbench_nacl.models.encoders import create_encoder
+from robustbench_nacl.models.factory import create_encoder
 from robustbench_nacl.results.rows import ROW_FORMAT, ResultRow, row_path, stamp_ids, write_row
 from robustbench_nacl.training import TrainConfig
 
