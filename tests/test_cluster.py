@@ -21,6 +21,7 @@ from conftest import run_cli
 
 from robustbench_nacl import launch, zoo
 from robustbench_nacl.cli import main
+from robustbench_nacl.launch import records as launch_records
 
 needs_submitit = pytest.mark.skipif(
     importlib.util.find_spec("submitit") is None,
@@ -105,7 +106,7 @@ def jobs_ended(tmp_path: Path) -> Iterator[None]:
     (tmp_path / "gate" / "hold").unlink(missing_ok=True)
     for record in (tmp_path / "ck" / ".jobs").glob("*.json"):
         data = json.loads(record.read_text())
-        if data["launcher"] == "submitit-local" and launch._pid_alive(data):
+        if data["launcher"] == "submitit-local" and launch_records.pid_alive(data):
             os.kill(int(data["job_id"]), signal.SIGINT)
 
 
@@ -168,7 +169,7 @@ def test_a_killed_job_resumes_on_resubmission_and_the_finished_entry_is_not_retr
     before = _sha_and_mtime(weights)
 
     os.kill(second, signal.SIGKILL)  # the node dies: no result, only the first epoch's train_state.pt
-    _until("the killed job to end", lambda: not launch._pid_alive({"job_id": job_id}))
+    _until("the killed job to end", lambda: not launch_records.pid_alive({"job_id": job_id}))
     states = {s.task.entry.id: s for s in launch.zoo_status([gated, other], ck, tmp_path / "b", ["train"])}
     assert states[other.id].state == "done"
     assert states[gated.id].state == "interrupted" and "resubmit to resume" in states[gated.id].detail

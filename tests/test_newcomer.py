@@ -24,6 +24,7 @@ from _reliability import TINY, cli, eval_args, one_line_error, train_args
 
 from robustbench_nacl import cli as cli_module
 from robustbench_nacl import demo, zoo
+from robustbench_nacl.cli import train as cli_train
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.io import (
     REFERENCE_ENV,
@@ -303,7 +304,7 @@ def test_every_train_config_field_is_a_train_flag_with_its_default() -> None:
         if f.name not in special:
             assert flags[flag].default == _default(f), f.name
     args = cli_module.build_parser().parse_args(["train", "--loss", "simclr", "--out", "x"])
-    values = cli_module.config_values(TrainConfig, args, skip=cli_module._TRAIN_SPECIAL)
+    values = cli_module.config_values(TrainConfig, args, skip=cli_train._TRAIN_SPECIAL)
     assert TrainConfig(loss="simclr", **values) == TrainConfig()
 
 

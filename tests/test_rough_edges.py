@@ -14,7 +14,8 @@ from test_zoo_completeness import tiny_entry
 
 from robustbench_nacl import cli, launch
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.io import sha256_file
+from robustbench_nacl.io import sha256_file, write_json_atomic
+from robustbench_nacl.launch import records as launch_records
 from robustbench_nacl.training import TrainConfig, loop, train
 
 
@@ -52,9 +53,9 @@ def test_tasks_a_killed_local_pool_never_began_are_not_started(tmp_path: Path) -
     began, untouched = launch.make_tasks([a, b], "train", tmp_path / "ck", tmp_path / "board")
     pid = str(_dead_pid())  # the pool's process, killed
     for t in (began, untouched):
-        launch._write_record(t, "local", pid, None, proc_start=None)
+        launch_records.write_record(t, "local", pid, None, proc_start=None)
     record = launch.read_record(began.ckpts, began.key)
-    launch.write_json_atomic(launch.record_path(began.ckpts, began.key), {**record, "started": True})
+    write_json_atomic(launch.record_path(began.ckpts, began.key), {**record, "started": True})
     states = {s.task.entry.id: s for s in launch.task_states([began, untouched])}
     assert states[untouched.entry.id].state == "not started"
     assert "ended before this task began" in states[untouched.entry.id].detail
@@ -112,8 +113,8 @@ def test_empty_file_registries_say_where_they_looked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A wheel installed without its data folders: one line naming the folders searched, exit 2."""
-    from robustbench_nacl import zoo
     from robustbench_nacl.attack import suites
+    from robustbench_nacl.zoo import manifests as zoo
 
     monkeypatch.setattr(suites, "REPO_SUITES_DIR", tmp_path / "site-packages" / "attacks")
     monkeypatch.delenv(suites.ENV_DIR, raising=False)

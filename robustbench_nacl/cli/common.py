@@ -1,0 +1,106 @@
+"""What every command shares: the default output folders, the parser class, the flags several
+commands take (--plugin, --no-progress, --deterministic, --protocol) and small argument helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ..errors import UserError
+from ..io import check_writable_dir, refuse_reference_dir
+
+#: Where every command writes by default: one folder of the user's, ignored by the repository's
+#: .gitignore, never the repository's reference leaderboard/ (see docs/decisions.md, "Output folders").
+DEFAULT_OUT = Path("robustbench_out")
+DEFAULT_RESULTS = DEFAULT_OUT / "leaderboard"  # eval rows (OUT/rows) and the rendered leaderboard
+DEFAULT_ZOO_OUT = DEFAULT_OUT / "zoo"
+DEFAULT_ZOO_BOARD = DEFAULT_OUT / "zoo-leaderboard"
+DEFAULT_DEMO_OUT = DEFAULT_OUT / "demo"
+
+
+def json_kv(items: list[str] | None) -> dict[str, Any]:
+    """``["width=16", "act=relu"]`` -> ``{"width": 16, "act": "relu"}``: a value is JSON where it parses.
+
+    Not :func:`robustbench_nacl.losses.parse_overrides`: ``--set`` values stay strings (the loss
+    coerces them to its parameters' types), are stripped, and their error names ``--set``.
+    """
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UserError(f"{item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def writable_out(path: str | Path, option: str = "--out") -> None:
+    """Refuse the repository's reference folders, then fail early if ``path`` cannot be written."""
+    refuse_reference_dir(path, option)
+    check_writable_dir(path)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as the user typed it, without the interpreter's or the script's absolute path."""
+    return shlex.join(["robustbench-nacl", *getattr(args, "_argv", [])])
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what is wrong, and where to look) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit 2 with the usage error on one line."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+PLUGIN_HELP = (
+    "load a plugin before the command runs: a dotted module name or the path of a .py file "
+    "(repeatable; see examples/README.md)"
+)
+
+
+def deterministic_flag(p: argparse.ArgumentParser) -> None:
+    """``--deterministic``, for the commands that train or evaluate."""
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="CUDA: deterministic algorithms and cuDNN kernels, CUBLAS_WORKSPACE_CONFIG (slower; "
+        "docs/decisions.md, 'Determinism on CUDA'); no effect on CPU results",
+    )
+
+
+def add_plugin_flag(p: argparse.ArgumentParser, dest: str = "plugin") -> None:
+    """``--plugin MODULE`` (repeatable), into ``dest``."""
+    p.add_argument("--plugin", action="append", default=[], dest=dest, metavar="MODULE", help=PLUGIN_HELP)
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every command takes, whether or not it has anything to show or load for them."""
+    add_plugin_flag(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def protocol_arg(p: argparse.ArgumentParser) -> None:
+    """``--protocol``: one finetuning protocol or a comma list, checked as it is parsed."""
+    p.add_argument(
+        "--protocol",
+        default="slf",
+        type=_protocols,
+        help="finetuning protocol(s): slf (linear probe on clean features), alf (adversarial linear), "
+        "aff (adversarial full, TRADES), or a comma list, e.g. slf,alf,aff (default: %(default)s)",
+    )
+
+
+def _protocols(text: str) -> str:
+    """The protocols of ``--protocol``, normalised; a bad one is argparse's one-line usage error."""
+    from ..eval.finetune import parse_protocols
+
+    try:
+        return ",".join(parse_protocols(text))
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

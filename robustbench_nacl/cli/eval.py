@@ -1,0 +1,197 @@
+"""The ``eval`` command: probe and attack one encoder checkpoint (or a published model) and print
+the result rows it wrote."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..io import refuse_reference_dir
+from .common import DEFAULT_RESULTS, deterministic_flag, protocol_arg
+from .flags import add_config_flags, config_values
+
+
+def _resolve_transfer(args: argparse.Namespace) -> str | None:
+    """``--transfer auto``: the complementary classes of the in-domain class subset."""
+    from ..eval.settings import transfer_default
+    from ..models.foreign import load_encoder
+
+    if args.transfer != "auto":
+        return args.transfer
+    _, info = load_encoder(args.checkpoint, arch=args.arch, fmt=args.format, normalize=args.normalize)
+    transfer = transfer_default(args.dataset or info.get("dataset") or "")
+    if transfer is None:
+        raise UserError(
+            "--transfer auto needs a class-subset dataset (e.g. digits:0-4); name the target instead"
+        )
+    return transfer
+
+
+#: the eval flags that are evaluate()'s keyword arguments of the same name, passed on as given
+_AS_GIVEN = (
+    "save_heads",
+    "dataset",
+    "shift",
+    "corruptions",
+    "severities",
+    "suite",
+    "out",
+    "n_examples",
+    "seed",
+    "device",
+    "arch",
+    "normalize",
+    "control",
+    "force",
+    "batch_size",
+    "data_root",
+    "protocol",
+)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Evaluate the checkpoint (or ``--model``), print its rows and the one-line summary."""
+    from ..eval.evaluate import evaluate
+    from ..eval.probe import ProbeConfig
+    from ..results.finetune import AffConfig, AlfConfig
+
+    refuse_reference_dir(args.out)
+    checkpoint, heads = _eval_source(args)
+    rows = evaluate(
+        checkpoint,
+        heads=heads,
+        transfer=_resolve_transfer(args),
+        fmt=args.format,
+        progress=not args.no_progress,
+        probe=ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
+        alf=AlfConfig(**config_values(AlfConfig, args, prefix="alf-")),
+        aff=AffConfig(**config_values(AffConfig, args, prefix="aff-")),
+        **{name: getattr(args, name) for name in _AS_GIVEN},
+    )
+    _print_rows(rows)
+    # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
+    summary = getattr(rows, "summary", None)
+    print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
+    if args.card and rows:
+        from ..eval.cards import card_of_rows, write_card
+
+        path = Path(args.out) / "cards" / f"{rows[0]['checkpoint_id']}.json"
+        print(f"model card: {write_card(path, card_of_rows(rows))}")
+    return 0
+
+
+def _eval_source(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(checkpoint, heads folder) of ``eval``: a path, or a published model's (``--model NAME``)."""
+    if (args.checkpoint is None) == (args.model is None):
+        raise UserError("pass a checkpoint path or --model NAME (one of `robustbench-nacl models`), not both")
+    if args.model is None:
+        if args.weights_from:
+            raise UserError("--weights-from goes with --model NAME; a checkpoint path names its own weights")
+        return args.checkpoint, None
+    from ..published import HEADS_DIR, checkpoint_dir, find_model
+
+    model = find_model(args.model)
+    return str(checkpoint_dir(model, args.weights_from)), str(model.set_folder / HEADS_DIR)
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    """One table line per result row: setting, attack, accuracies, sanity."""
+    from tabulate import tabulate
+
+    table = [
+        [
+            r["setting"],
+            r["dataset"],
+            r["attack"],
+            r["norm"],
+            r["eps_label"],
+            f"{r['clean_acc']:.2%}",
+            f"{r['robust_acc']:.2%}",
+            "ok" if r.get("sanity_ok") else "FLAGGED",
+        ]
+        for r in rows
+    ]
+    print(
+        tabulate(table, headers=["setting", "dataset", "attack", "norm", "eps", "clean", "robust", "sanity"])
+    )
+
+
+def eval_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``eval``, with one flag per ProbeConfig, AlfConfig and AffConfig field."""
+    deterministic_flag(p)
+    from ..eval.probe import ProbeConfig
+
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        help="a directory written by `train`, its manifest.json, or a foreign weights file",
+    )
+    p.add_argument("--model", default=None, help="a published model instead (`robustbench-nacl models`)")
+    p.add_argument(
+        "--weights-from",
+        default=None,
+        metavar="DIR|URL",
+        help="--model: its weights from this folder or URL (downloads are cached; sha256 checked)",
+    )
+    p.add_argument(
+        "--card", action="store_true", help="also write OUT/cards/<checkpoint id>.json, its model card"
+    )
+    p.add_argument(
+        "--save-heads", action="store_true", help="also write the fitted linear heads to OUT/heads/"
+    )
+    p.add_argument(
+        "--dataset", default=None, help="in-domain dataset (default: the checkpoint's pretraining dataset)"
+    )
+    p.add_argument(
+        "--transfer", default=None, help="transfer target dataset, or 'auto' for the complementary classes"
+    )
+    p.add_argument(
+        "--shift",
+        default=None,
+        help="'all' or a comma list of: grayscale, crop, flip, jitter, grayscale+jitter",
+    )
+    p.add_argument(
+        "--corruptions",
+        default=None,
+        help="common corruptions of the test images (the in-domain probe): 'all' or a comma list of: "
+        "gaussian_noise, shot_noise, impulse_noise, speckle_noise, gaussian_blur, defocus_blur, "
+        "contrast, brightness, saturate (colour only), pixelate",
+    )
+    p.add_argument("--severities", default=None, help="corruption severities: 1-5 (default), 3 or 1,3,5")
+    p.add_argument(
+        "--suite", default="paper", help="attack suite name (attacks/*.toml) or a path to a TOML file"
+    )
+    p.add_argument(
+        "--out",
+        default=str(DEFAULT_RESULTS),
+        help="output directory (rows land in OUT/rows; default: %(default)s)",
+    )
+    p.add_argument(
+        "--n-examples", type=int, default=None, help="evaluate the first N test examples (default: all)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--batch-size", type=int, default=None, help="attack batch size")
+    p.add_argument("--arch", default=None, help="architecture of a foreign checkpoint, e.g. resnet18_cifar")
+    from ..models.foreign import FORMATS  # lazy, like every command's heavy imports
+
+    p.add_argument("--format", default="auto", help="foreign layout: auto | " + " | ".join(FORMATS.names()))
+    p.add_argument(
+        "--normalize",
+        default=None,
+        help="input normalisation of a foreign checkpoint: cifar10 | half | imagenet | none",
+    )
+    p.add_argument(
+        "--control", action="store_true", help="evaluate a random-init encoder of the same architecture"
+    )
+    p.add_argument("--force", action="store_true", help="recompute rows that already exist")
+    p.add_argument("--data-root", default=None)
+    # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
+    add_config_flags(p, ProbeConfig, prefix="probe-")
+    protocol_arg(p)
+    from ..results.finetune import AffConfig, AlfConfig
+
+    add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
+    add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")

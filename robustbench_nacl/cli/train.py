@@ -1,0 +1,133 @@
+"""The ``train`` command: one encoder with one loss preset, in this process or on ``--nproc`` local
+processes (torch's elastic launcher)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from ..errors import UserError
+from .common import deterministic_flag, json_kv, writable_out
+from .flags import add_config_flags, config_values
+
+_TRAIN_SPECIAL = ("loss", "overrides", "encoder_kwargs")
+_TRAIN_HELP = {
+    "dataset": "dataset spec, e.g. digits, cifar100, digits:0-4",
+    "encoder": "encoder (see `robustbench-nacl encoders`; or timm:NAME)",
+    "epochs": "training epochs",
+    "batch_size": "images per batch (each gives its views)",
+    "lr": "Adam learning rate (constant: no schedule)",
+    "weight_decay": "Adam weight decay",
+    "seed": "training seed (initialisation, augmentation, batch order)",
+    "knn_k": "neighbours of the weighted-kNN monitor",
+    "knn_t": "temperature of the weighted-kNN monitor",
+    "knn_every": "kNN monitor every N epochs (0: only at the end)",
+    "max_train": "use only the first N training images",
+    "data_root": "dataset directory (default $ROBUSTBENCH_NACL_DATA or ~/.cache/robustbench_nacl)",
+    "channels_last": "NHWC memory format for the convolutions (faster on CPU and GPU)",
+    "fuse_views": "forward all views in one pass (changes BatchNorm statistics)",
+}
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train here, or start ``--nproc`` local processes that each run this command."""
+    from ..losses import parse_overrides
+    from ..training import TrainConfig, check_settings, distributed
+
+    writable_out(args.out)
+    cfg = TrainConfig(
+        loss=args.loss,
+        overrides=parse_overrides(args.set),
+        encoder_kwargs=json_kv(args.encoder_arg),
+        **config_values(TrainConfig, args, skip=_TRAIN_SPECIAL),
+    )
+    launched = distributed.launched_world_size()
+    if args.nproc is not None and args.nproc < 1:
+        raise UserError(f"--nproc {args.nproc}: must be >= 1")
+    if args.nproc is not None and launched > 1 and args.nproc != launched:
+        raise UserError(f"--nproc {args.nproc} under a launcher of {launched} processes; leave --nproc out")
+    if (args.nproc or 1) > 1 and launched == 1:
+        # the one-line errors before any process starts; the workers run without --nproc
+        check_settings(cfg)
+        distributed.check_batch(cfg.batch_size, args.nproc)
+        if args.device.startswith("cuda"):
+            distributed.check_gpus(args.nproc)
+        return distributed.launch(args.nproc, distributed.strip_nproc(args._argv))
+    return _train_here(args, cfg)
+
+
+def _train_here(args: argparse.Namespace, cfg: Any) -> int:
+    """Train in this process: alone, or as one rank of a torchrun / ``--nproc`` group."""
+    from ..training import distributed, train
+
+    try:
+        device = distributed.init_from_env(args.device)
+    except UserError as e:
+        # every rank meets the same device error before the group exists: rank 0 (torchrun's RANK)
+        # prints its one line, the others leave quietly
+        if os.environ.get("RANK", "0") == "0":
+            raise
+        return e.exit_code
+    world = distributed.current_world()
+    try:
+        out = train(
+            cfg,
+            args.out,
+            device=device,
+            resume=args.resume,
+            progress=not args.no_progress,
+            sync_bn=args.sync_bn,
+        )
+    except UserError as e:
+        if world.main:
+            raise
+        return e.exit_code  # every rank meets the same error: rank 0 prints its one line
+    finally:
+        distributed.shutdown()
+    if not world.main:
+        return 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    init = manifest.get("knn_acc_init")
+    print(
+        f"wrote {out / manifest['weights']} and {out / 'manifest.json'} "
+        f"(test kNN accuracy {manifest['knn_acc']:.4f}"
+        + (f", {init:.4f} at initialisation)" if init is not None else ")")
+    )
+    return 0
+
+
+def train_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``train``, with one flag per scalar TrainConfig field."""
+    deterministic_flag(p)
+    from ..losses import PRESETS
+    from ..training import TrainConfig
+
+    # built after the plugins are loaded: their presets are named here too
+    names = ", ".join(PRESETS.names())
+    p.add_argument("--loss", required=True, help=f"loss preset: {names} (see `robustbench-nacl losses`)")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a loss parameter, e.g. --set M=5"
+    )
+    p.add_argument("--encoder-arg", action="append", metavar="KEY=VALUE", help="encoder kwarg, e.g. width=16")
+    p.add_argument("--out", required=True, help="output directory (a folder of your own, e.g. runs/NAME)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on N local processes (torch's elastic launcher; gloo on cpu, nccl on cuda, one GPU "
+        "each), the global --batch-size split across them (as torchrun -m robustbench_nacl train)",
+    )
+    p.add_argument(
+        "--sync-bn",
+        action="store_true",
+        help="multi-process runs: BatchNorm statistics over the global batch (default: per process)",
+    )
+    # every other TrainConfig field, with the dataclass's default: a new field needs no edit here
+    add_config_flags(
+        p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices={"precision": ["fp32", "bf16"]}
+    )

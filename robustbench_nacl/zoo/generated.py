@@ -1,0 +1,220 @@
+"""The shipped zoos (demo, fashion-mnist, paper), generated from the package's loss presets, and
+``zoo regenerate``, which rewrites their manifests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..registry import unknown_choice
+from .entry import ZooEntry, expected_id
+from .manifests import write_entry, zoo_root
+
+PAPER_RECIPE = {"epochs": 100, "batch_size": 256, "optimizer": "adam", "lr": 3e-4, "weight_decay": 0.0}
+PAPER_EVAL = {"transfer": "cifar10", "shift": None, "suite": "paper", "n_examples": None}
+DEMO_RECIPE = {"epochs": 10, "batch_size": 128, "optimizer": "adam", "lr": 3e-3, "weight_decay": 0.0}
+DEMO_EVAL = {"transfer": "digits:5-9", "shift": "all", "suite": "paper", "n_examples": None}
+DEMO_M = 3  # demo: 3 positives instead of 5, so that every family fits the 5-minute CPU budget
+
+
+def package_presets() -> list[str]:
+    """The presets the package ships (a plugin's presets belong to the plugin, not to the shipped zoos)."""
+    from ..losses import PRESETS
+
+    return [n for n in PRESETS.names() if is_package_preset(PRESETS.get(n).module)]
+
+
+def is_package_preset(module: str | None) -> bool:
+    """True for a preset registered by robustbench_nacl itself (built-in: module None or ours)."""
+    return module is None or module == "robustbench_nacl" or module.startswith("robustbench_nacl.")
+
+
+def zoo_presets() -> list[str]:
+    """The presets a generated zoo trains: the package's own (DeACL's with its stage-1 teacher, the
+    zoo's :data:`TEACHER_PRESET` entry of the same seed: :func:`teacher_of`)."""
+    return package_presets()
+
+
+#: the preset whose entry a generated zoo's DeACL entry distils (same encoder, dataset and seed)
+TEACHER_PRESET = "simclr"
+
+
+def teacher_of(loss: str, encoder: str, dataset: str, seed: int) -> str | None:
+    """The id of the teacher entry of a generated entry of ``loss`` (None: the loss distils nothing)."""
+    from ..losses import PRESETS
+
+    if "teacher" not in PRESETS.get(loss).params.extra_params():
+        return None
+    return expected_id(encoder, TEACHER_PRESET, dataset, seed)
+
+
+def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
+    """CIFAR-100, resnet18_cifar, NaCl recipe: every preset at paper settings plus the grids of Tables 2-5."""
+    from ..losses import PRESETS
+
+    variants: list[tuple[str, dict[str, Any], str]] = [(n, {}, "") for n in zoo_presets()]
+    for g in ("g0", "g2"):
+        for m in (2, 3, 4, 5):
+            variants.append(
+                (
+                    "nca",
+                    {"G1": g, "M": m, **({"tau_plus": 0.0, "beta": 0.0} if g == "g0" else {})},
+                    f"{g}-M{m}",
+                )
+            )
+            for lam in (0.5, 0.6, 0.7, 0.8, 0.9):
+                extra = {"tau_plus": 0.0, "beta": 0.0} if g == "g0" else {}
+                variants.append(("mixnca", {"G1": g, "M": m, "lam": lam, **extra}, f"{g}-M{m}-lam{lam}"))
+    for m in (2, 5):  # Table 3 (IntNaCl on IntCl) and Table 4's w = 1 variant
+        for lam in (0.5, 0.7, 0.9):
+            variants.append(("intnacl", {"M": m, "lam": lam}, f"M{m}-lam{lam}"))
+        variants.append(("intnacl", {"M": m, "w": "1"}, f"M{m}-w1"))
+    for m in (2, 3, 4):  # ICLR VAR grid
+        variants.append(("var", {"M": m}, f"M{m}"))
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for loss, overrides, tag in variants:
+        if (loss, json.dumps(overrides, sort_keys=True)) in seen:
+            continue
+        seen.add((loss, json.dumps(overrides, sort_keys=True)))
+        for s in seeds:
+            out.append(
+                ZooEntry(
+                    id=expected_id("resnet18_cifar", loss, "cifar100", s, tag),
+                    zoo="paper",
+                    encoder="resnet18_cifar",
+                    loss=loss,
+                    dataset="cifar100",
+                    seed=s,
+                    recipe=dict(PAPER_RECIPE),
+                    overrides=overrides,
+                    eval=dict(PAPER_EVAL),
+                    description=PRESETS.get(loss).description + (f" [{tag}]" if tag else ""),
+                    teacher=teacher_of(loss, "resnet18_cifar", "cifar100", s),
+                )
+            )
+    return out
+
+
+#: The reference zoo (leaderboard/README.md): sized by measurement; it trained in 25 min and was
+#: evaluated in 60 min on 2 CPU cores.
+FMNIST_RECIPE = {
+    "epochs": 5,
+    "batch_size": 128,
+    "optimizer": "adam",
+    "lr": 3e-3,
+    "weight_decay": 0.0,
+    "max_train": 4096,
+}
+FMNIST_EVAL = {
+    "transfer": "fashion-mnist:5-9",
+    "shift": "crop,flip,jitter",  # on 1-channel images grayscale is the identity, grayscale+jitter is jitter
+    "suite": "fashion-mnist",
+    "n_examples": 1000,
+    "probe_epochs": 100,
+    "probe_max_train": 4096,
+}
+
+
+def _one_per_family(
+    zoo: str,
+    dataset: str,
+    recipe: dict[str, Any],
+    ev: dict[str, Any],
+    seeds: tuple[int, ...],
+    *,
+    tag_m: bool,
+    presets: list[str] | None = None,
+) -> list[ZooEntry]:
+    """convnet_small (width 16) on ``dataset``: ``presets`` (default: :func:`zoo_presets`; at most
+    DEMO_M positives) x ``seeds``."""
+    from ..losses import PRESETS
+
+    out = []
+    for name in presets if presets is not None else zoo_presets():
+        overrides = {"M": DEMO_M} if PRESETS.get(name).params.M > DEMO_M else {}
+        tag = f" [M={DEMO_M}]" if tag_m and overrides else ""
+        for s in seeds:
+            out.append(
+                ZooEntry(
+                    id=expected_id("convnet_small", name, dataset, s),
+                    zoo=zoo,
+                    encoder="convnet_small",
+                    loss=name,
+                    dataset=dataset,
+                    seed=s,
+                    recipe=dict(recipe),
+                    encoder_kwargs={"width": 16},
+                    overrides=overrides,
+                    eval=dict(ev),
+                    description=PRESETS.get(name).description + tag,
+                    teacher=teacher_of(name, "convnet_small", dataset, s),
+                )
+            )
+    return out
+
+
+#: The presets of the committed reference zoo (leaderboard/), pinned: its manifests and rows stay
+#: byte-identical when presets are added (the adversarial ones enter when the reference is regenerated).
+FMNIST_PRESETS = [
+    "simclr",
+    "debiased",
+    "hardneg",
+    "debiased_hardneg",
+    "adv",
+    "nca",
+    "mixnca",
+    "nca_mixnca",
+    "var",
+    "intcl",
+    "intnacl",
+    "arcl",
+    "dacl",
+    "dacl_plus",
+    "gaussian",
+    "supervised",
+]
+
+
+def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
+    """Fashion-MNIST classes 0-4, convnet_small (width 16): the pinned presets x 3 seeds (reference zoo)."""
+    return _one_per_family(
+        "fashion-mnist",
+        "fashion-mnist:0-4",
+        FMNIST_RECIPE,
+        FMNIST_EVAL,
+        seeds,
+        tag_m=True,
+        presets=FMNIST_PRESETS,
+    )
+
+
+def demo_zoo() -> list[ZooEntry]:
+    """digits classes 0-4, convnet_small (width 16): one entry per loss family, seed 0."""
+    return _one_per_family("demo", "digits:0-4", DEMO_RECIPE, DEMO_EVAL, (0,), tag_m=False)
+
+
+#: The zoos whose manifests are generated from the package's presets (``zoo regenerate`` writes them).
+GENERATED_ZOOS = {"demo": demo_zoo, "fashion-mnist": fashion_mnist_zoo, "paper": paper_zoo}
+
+
+def regenerate(name: str | None = None, root: str | Path | None = None) -> dict[str, tuple[int, int]]:
+    """Rewrite the manifests of the generated zoos (or of ``name``): {zoo: (written, stale removed)}.
+
+    After a preset is added to the package, this is the one command that brings the shipped zoos up
+    to date; manifests whose entry the generator no longer makes are removed.
+    """
+    if name is not None and name not in GENERATED_ZOOS:
+        raise unknown_choice("generated zoo", name, GENERATED_ZOOS)
+    done = {}
+    for zoo_name in [name] if name else list(GENERATED_ZOOS):
+        entries = GENERATED_ZOOS[zoo_name]()
+        folder = zoo_root(root) / zoo_name
+        stale = {p for p in folder.glob("*.json")} - {folder / f"{e.id}.json" for e in entries}
+        for e in entries:
+            write_entry(e, root)
+        for p in stale:
+            p.unlink()
+        done[zoo_name] = (len(entries), len(stale))
+    return done

@@ -1,0 +1,223 @@
+"""The zoo's manifest files: where the zoo folder is, reading and validating each manifest against
+the schema (zoo/README.md), and writing one."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError, one_line
+from ..io import write_json_atomic
+from ..packaged import zoo_dir
+from ..registry import unknown_choice
+from .entry import RECIPE_KEYS, ZooEntry
+
+ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
+REPO_ZOO = zoo_dir()  # the package's files/zoo (the repository's top-level zoo/ links to it)
+# ids and zoo names are used as file names: no separators, no leading dot (so never "." or "..")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=,-]{0,199}")
+EVAL_KEYS = {
+    "transfer": (str, type(None)),
+    "shift": (str, type(None)),
+    "corruptions": (str, type(None)),  # all | a comma list (docs/decisions.md, 'Corruptions')
+    "severities": (str, type(None)),  # 1-5 by default
+    "suite": str,
+    "n_examples": (int, type(None)),
+    "probe_epochs": (int, type(None)),
+    "probe_max_train": (int, type(None)),
+}
+
+
+def zoo_root(root: str | Path | None = None) -> Path:
+    """The zoo folder: argument > $ROBUSTBENCH_NACL_ZOO > the shipped zoo/ (in the package)."""
+    return Path(root or os.environ.get(ZOO_ENV) or REPO_ZOO)
+
+
+def parse_entry(data: Any, source: str) -> ZooEntry:
+    """Validate one manifest; every problem is a one-line UserError naming the file and the field."""
+    from ..data import parse_spec
+    from ..losses import resolve
+    from ..models.factory import check_encoder
+
+    def bad(msg: str) -> UserError:  # values from the file may hold newlines: the error stays one line
+        return UserError(" ".join(f"zoo manifest {source}: {msg}".split()))
+
+    if not isinstance(data, dict):
+        raise bad("must be a JSON object")
+    required = {
+        "id": str,
+        "zoo": str,
+        "encoder": str,
+        "loss": str,
+        "dataset": str,
+        "seed": int,
+        "recipe": dict,
+    }
+    for k, t in required.items():
+        if k not in data:
+            raise bad(f"missing field {k!r}")
+        if not isinstance(data[k], t) or isinstance(data[k], bool):
+            raise bad(f"field {k!r} must be a {t.__name__}")
+    optional = {
+        "encoder_kwargs": dict,
+        "overrides": dict,
+        "eval": dict,
+        "description": str,
+        "weights_sha256": (str, type(None)),
+        "teacher": (str, type(None)),
+    }
+    for k, v in data.items():
+        if k not in required and k not in optional:
+            raise bad(f"unknown field {k!r}; valid fields: {', '.join([*required, *optional])}")
+        if k in optional and not isinstance(v, optional[k]):
+            raise bad(f"field {k!r} has the wrong type")
+    for k, v in data["recipe"].items():
+        if k in RECIPE_KEYS and (not isinstance(v, int | float) or isinstance(v, bool)):
+            raise bad(f"recipe.{k} must be a number")
+    for k, v in data.get("eval", {}).items():
+        if k not in EVAL_KEYS:
+            raise bad(f"unknown eval field {k!r}; valid: {', '.join(EVAL_KEYS)}")
+        if not isinstance(v, EVAL_KEYS[k]):
+            raise bad(f"eval.{k} has the wrong type")
+    if data["recipe"].get("epochs", 1) < 1 or data["recipe"].get("batch_size", 2) < 2:
+        raise bad("recipe.epochs must be >= 1 and recipe.batch_size >= 2")
+    for where, key in (("recipe", "max_train"), ("eval", "probe_epochs"), ("eval", "probe_max_train")):
+        value = data.get(where, {}).get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise bad(f"{where}.{key} must be a whole number >= 1")
+    for k in ("id", "zoo"):
+        if not _SAFE_NAME.fullmatch(data[k]):
+            # ids and zoo names become file and directory names: nothing may point outside --out
+            shown = data[k] if len(data[k]) <= 60 else data[k][:57] + "..."
+            raise bad(f"field {k!r} must be a file-name-safe name (letters, digits, ._+=,-), not {shown!r}")
+    sha = data.get("weights_sha256")
+    if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+        raise bad("weights_sha256 must be 64 lowercase hex digits")
+    for k, v in data.get("overrides", {}).items():
+        if v is not None and not isinstance(v, str | int | float | bool):
+            raise bad(f"overrides.{k} must be a number, string, boolean or null, not {type(v).__name__}")
+    try:
+        check_encoder(data["encoder"])  # a registered (or plugin) encoder, or timm:NAME
+        params = resolve(data["loss"], dict(data.get("overrides", {})))
+        parse_spec(data["dataset"])
+    except UserError as e:
+        raise bad(str(e)) from None
+    except (TypeError, ValueError) as e:
+        # a JSON value of the wrong type for its loss parameter (e.g. "t": null) reaches the range checks
+        raise bad(f"overrides hold a value of the wrong type for its parameter ({one_line(e)})") from None
+    _check_teacher_field(data, "teacher" in params.extra_params(), bad)
+    return ZooEntry(**data)
+
+
+def _check_teacher_field(data: dict[str, Any], distils: bool, bad: Any) -> None:
+    """``teacher``: for a loss that distils a stage-1 checkpoint (DeACL) only, named once, by the id
+    of another entry (a path in ``overrides.teacher`` stays possible outside the generated zoos)."""
+    teacher, by_path = data.get("teacher"), data.get("overrides", {}).get("teacher")
+    if teacher is not None and not distils:
+        raise bad(
+            f"field 'teacher' is only for a loss that distils a stage-1 checkpoint, not {data['loss']!r}"
+        )
+    if teacher is not None and by_path:
+        raise bad("name the teacher once: field 'teacher' (a zoo entry) or overrides.teacher (a path)")
+    if distils and teacher is None and not by_path:
+        raise bad(
+            f"loss {data['loss']!r} needs a stage-1 teacher: set field 'teacher' to the id of another "
+            "entry of this zoo (e.g. its simclr entry of the same seed)"
+        )
+    if teacher is not None and (not _SAFE_NAME.fullmatch(teacher) or teacher == data["id"]):
+        raise bad(f"field 'teacher' must be the id of another entry of this zoo, not {teacher!r}")
+
+
+def check_teachers(entries: list[ZooEntry], source: str) -> None:
+    """Each ``teacher`` names an entry of the same zoo, with the student's encoder, that has no
+    teacher itself (one stage of distillation: ``zoo train`` trains teachers, then students)."""
+    by_id = {e.id: e for e in entries}
+    for e in entries:
+        if e.teacher is None:
+            continue
+        t = by_id.get(e.teacher)
+        if t is None or t.zoo != e.zoo:
+            raise UserError(
+                f"zoo {source}: entry {e.id} names teacher {e.teacher!r}, which is no entry of zoo {e.zoo!r}"
+            )
+        if (t.encoder, t.encoder_kwargs) != (e.encoder, e.encoder_kwargs):
+            raise UserError(
+                f"zoo {source}: entry {e.id} distils {t.id}, whose encoder differs "
+                f"({t.encoder} {t.encoder_kwargs} vs {e.encoder} {e.encoder_kwargs}); use one encoder"
+            )
+        if t.teacher is not None:
+            raise UserError(f"zoo {source}: entry {e.id} names teacher {t.id}, which has a teacher itself")
+
+
+def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[ZooEntry]:
+    """Every entry of one zoo (a subfolder of the zoo root), or of all zoos; ids must be unique."""
+    base = zoo_root(root)
+    if name is not None:
+        base = base / name
+        if not base.is_dir():
+            if not zoo_names(root):
+                raise no_zoo_error(zoo_root(root))
+            raise unknown_choice("zoo", name, zoo_names(root))
+    paths = sorted(base.rglob("*.json"))
+    if not paths:
+        raise no_zoo_error(base)
+    entries: dict[str, ZooEntry] = {}
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+            raise UserError(f"zoo manifest {path}: not valid JSON ({one_line(e)})") from None
+        entry = parse_entry(data, str(path))
+        if entry.id in entries:
+            raise UserError(f"zoo manifest {path}: duplicate id {entry.id!r}")
+        entries[entry.id] = entry
+    check_teachers(list(entries.values()), str(base))
+    return list(entries.values())
+
+
+def no_zoo_error(folder: Path) -> UserError:
+    """The one line for a zoo folder without manifests: where it looked, and why that is wrong."""
+    why = "holds no *.json manifests" if folder.is_dir() else "does not exist"
+    if os.environ.get(ZOO_ENV):
+        return UserError(
+            f"no zoo entries: {folder} (from ${ZOO_ENV}) {why}; point ${ZOO_ENV} at a folder of zoo "
+            "manifests (one subfolder per zoo), or unset it to use the zoos robustbench-nacl ships"
+        )
+    return UserError(
+        f"no zoo entries: {folder} (the zoo folder of this installation) {why}; the zoos ship with "
+        f"robustbench-nacl, so this installation lacks them: reinstall it, or set ${ZOO_ENV} to a "
+        "folder of zoo manifests"
+    )
+
+
+def zoo_names(root: str | Path | None = None) -> list[str]:
+    """Names of the zoos (subfolders holding manifests)."""
+    base = zoo_root(root)
+    return (
+        sorted(p.name for p in base.iterdir() if p.is_dir() and any(p.glob("*.json")))
+        if base.is_dir()
+        else []
+    )
+
+
+def find_entry(entry_id: str, root: str | Path | None = None) -> ZooEntry:
+    """One entry by id (a one-line error with close matches otherwise)."""
+    entries = {e.id: e for e in load_zoo(None, root)}
+    if entry_id not in entries:
+        import difflib
+
+        close = difflib.get_close_matches(entry_id, entries, n=3)
+        raise UserError(
+            f"no zoo entry {entry_id!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
+        )
+    return entries[entry_id]
+
+
+def write_entry(entry: ZooEntry, root: str | Path | None = None) -> Path:
+    """Write (or rewrite) an entry's manifest file atomically."""
+    path = zoo_root(root) / entry.zoo / f"{entry.id}.json"
+    write_json_atomic(path, entry.to_dict())
+    return path
