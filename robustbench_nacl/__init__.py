@@ -20,6 +20,16 @@ _LAZY = {
     "load_dataset": "data",
     "benchmark": "eval.benchmark",
     "evaluate": "eval.evaluate",
+    "EvalConfig": "eval.config",
+    "DataOptions": "eval.config",
+    "SourceOptions": "eval.config",
+    "ProbeOptions": "eval.config",
+    "AttackOptions": "eval.config",
+    "OutputOptions": "eval.config",
+    "AlfConfig": "results.finetune",
+    "AffConfig": "results.finetune",
+    "DatasetSpec": "data",
+    "parse_spec": "data",
     "ProbeConfig": "eval.probe",
     "fit_linear_probe": "eval.probe",
     "list_presets": "losses",
@@ -41,8 +51,16 @@ _LAZY = {
 
 if TYPE_CHECKING:  # what the names are, for readers and type checkers; nothing is imported at run time
     from .attack.suites import load_suite
-    from .data import load_dataset
+    from .data import DatasetSpec, load_dataset, parse_spec
     from .eval.benchmark import benchmark
+    from .eval.config import (
+        AttackOptions,
+        DataOptions,
+        EvalConfig,
+        OutputOptions,
+        ProbeOptions,
+        SourceOptions,
+    )
     from .eval.evaluate import evaluate
     from .eval.probe import ProbeConfig, fit_linear_probe
     from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
@@ -51,6 +69,7 @@ if TYPE_CHECKING:  # what the names are, for readers and type checkers; nothing 
     from .models.foreign import load_encoder
     from .published import load_model, published_models
     from .report.leaderboard import render_leaderboard
+    from .results.finetune import AffConfig, AlfConfig
     from .results.rows import ResultRow, load_rows
     from .training import TrainConfig, train
 
@@ -69,8 +88,17 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AffConfig",
+    "AlfConfig",
+    "AttackOptions",
+    "DataOptions",
+    "DatasetSpec",
+    "EvalConfig",
+    "OutputOptions",
     "ProbeConfig",
+    "ProbeOptions",
     "ResultRow",
+    "SourceOptions",
     "TrainConfig",
     "__version__",
     "benchmark",
@@ -84,6 +112,7 @@ __all__ = [
     "load_rows",
     "load_suite",
     "pair_loss",
+    "parse_spec",
     "plugins",
     "published_models",
     "register_encoder",

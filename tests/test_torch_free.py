@@ -56,13 +56,15 @@ print(json.dumps({"files": sorted(files), "compare": text, "torch_modules": load
 """
 
 
-def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _without_torch(tmp_path: Path, *args: str, script: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run SCRIPT (or, with ``script=False``, ``python -m robustbench_nacl ARGS``) where torch is blocked."""
     site = tmp_path / "site"
-    site.mkdir()
+    site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(NO_TORCH)
     path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
-    cmd = [sys.executable, "-c", textwrap.dedent(SCRIPT), *args]
+    head = ["-c", textwrap.dedent(SCRIPT)] if script else ["-m", "robustbench_nacl"]
+    cmd = [sys.executable, *head, *args]
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -76,3 +78,18 @@ def test_leaderboard_and_compare_render_without_torch(tmp_path: Path) -> None:
     for name in ("LEADERBOARD.md", "results.csv"):
         assert (out / name).read_bytes() == (DATA / "golden" / name).read_bytes(), name
     assert result["compare"] == main_compare(str(ROWS), "simclr")  # what the same call prints with torch
+
+
+def test_the_leaderboard_and_compare_commands_run_without_torch(tmp_path: Path) -> None:
+    """The console commands too: the CLI builds only the named command's flags (train's would load
+    the loss presets, and torch with them)."""
+    out = tmp_path / "board"
+    done = _without_torch(tmp_path, "leaderboard", "--rows", str(ROWS), "--out", str(out), script=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "results.csv").read_bytes() == (DATA / "golden" / "results.csv").read_bytes()
+    done = _without_torch(tmp_path, "compare", "--rows", str(ROWS), "--baseline", "simclr", script=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == main_compare(str(ROWS), "simclr").strip()
+    # and a command that needs torch says so through the blocker: the test would catch a fake pass
+    done = _without_torch(tmp_path, "losses", script=False)
+    assert done.returncode != 0 and "torch" in done.stderr

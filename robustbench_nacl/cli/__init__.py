@@ -96,24 +96,42 @@ def plugin_specs(argv: list[str]) -> list[str]:
     return list(known.plugin)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one subparser per registered command, each taking ``--plugin``."""
+def _top_parser(add_help: bool = True) -> Parser:
+    """The top-level parser without its subcommands: ``--plugin`` (and ``--help``)."""
     parser = Parser(
         prog="robustbench-nacl",
         description="Adversarial-robustness benchmark and model zoo for contrastive encoders.",
+        add_help=add_help,
     )
     add_plugin_flag(parser, dest="plugin_top")  # `robustbench-nacl --plugin X COMMAND` works too
+    return parser
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per registered command, each taking ``--plugin``.
+
+    ``only`` names the one command whose flags are built (the others keep their name and help, so
+    ``--help`` lists them all): building a command's flags can import what it runs (``train`` reads
+    the loss presets, and with them torch), and ``leaderboard`` and ``compare`` run without torch.
+    """
+    parser = _top_parser()
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
-        cmd.add_args(p)
-        add_common_flags(p)
+        if only is None or name == only:
+            cmd.add_args(p)
+            add_common_flags(p)
     return parser
 
 
 def _command_of(argv: list[str]) -> str:
-    """The command named on a command line (for error messages before it is parsed), or ''."""
-    return next((a for a in argv if a in COMMANDS), "")
+    """The command a command line names (its first positional after the top-level options), or ''."""
+    pre = _top_parser(add_help=False)
+    pre.add_argument("command", nargs="?")
+    with contextlib.suppress(SystemExit):  # a malformed top-level --plugin: the full parse says so
+        known, _ = pre.parse_known_args(argv)
+        return known.command if known.command in COMMANDS else ""
+    return ""
 
 
 def _fail(command: str, message: str, code: int = 2) -> int:
@@ -147,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         plugins.load_plugins(plugin_specs(argv))
     except UserError as e:
         return _fail(_command_of(argv), str(e), e.exit_code)
-    parser = build_parser()
+    parser = build_parser(only=_command_of(argv) or None)
     args = parser.parse_args(argv)
     args._argv = argv  # for the provenance line of what a command writes (no absolute paths)
     runner = COMMANDS[args.command].run

@@ -24,9 +24,8 @@ class DataOptions:
     dataset: str | DatasetSpec | None = None  # in-domain; None: the checkpoint's pretraining dataset
     transfer: str | DatasetSpec | Iterable[str | DatasetSpec] | None = None  # transfer targets
     shift: str | Iterable[str] | None = None  # "all", a name, a comma list or a list of names
-    corruptions: str | Iterable[str] | None = (
-        None  # "all" or names: the in-domain probe, corrupted test images
-    )
+    # "all" or names: the in-domain probe, on corrupted test images
+    corruptions: str | Iterable[str] | None = None
     severities: str | Iterable[int] | None = None  # with corruptions; "1-5" by default
     n_examples: int | None = None  # the first n test examples are attacked; None = all
     data_root: str | None = None
