@@ -454,7 +454,7 @@ def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen:
 
 
 def _epochs_done(out: Path) -> int:
-    log = out / "log.jsonl"  # rewritten atomically after each epoch's state
+    log = out / "log.jsonl"  # one line appended after each epoch's state is saved
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
