@@ -16,6 +16,7 @@ import torch
 
 from robustbench_nacl import locks
 from robustbench_nacl.eval import evaluate as ev
+from robustbench_nacl.eval import runner
 from robustbench_nacl.eval.probe import ProbeConfig
 
 pytestmark = pytest.mark.skipif(locks.fcntl is None, reason="advisory locks need fcntl (POSIX)")
@@ -74,14 +75,14 @@ def test_concurrent_evaluations_compute_each_row_once(
     """Two evaluations of one module into one folder (threads hold separate flocks, as processes do):
     the second, started while the first computes, waits and returns the first one's rows."""
     computing = threading.Event()
-    slow = ev._run_setting
+    slow = runner._run_setting
 
     def run_setting(*a: Any, **k: Any) -> Any:
         computing.set()
         time.sleep(1.0)  # long enough for the second evaluation to reach the lock
         return slow(*a, **k)
 
-    monkeypatch.setattr(ev, "_run_setting", run_setting)
+    monkeypatch.setattr(runner, "_run_setting", run_setting)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8))
     kw: dict[str, Any] = {"dataset": "digits:0-4", "suite": "quick", "n_examples": 10, "progress": False}
