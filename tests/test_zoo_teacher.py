@@ -146,3 +146,11 @@ def test_a_students_recipe_names_its_teacher_by_recipe_not_by_path(tmp_path: Pat
     assert recipes[0] == recipes[1] != recipes[2]
     t_recipe = json.loads((dirs[0] / "manifest.json").read_text())["recipe_sha256"]
     assert configs[0]["loss_params"]["extra"]["teacher"] == {"recipe_sha256": t_recipe}
+
+
+def test_the_leaderboard_names_a_teacher_by_its_folder_not_by_the_path_it_had_here() -> None:
+    from robustbench_nacl.eval.recipe import key_params
+
+    params = {"extra": {"teacher": "/home/someone/runs/convnet_small.simclr_digits-0-4_s0", "trades_k": 2}}
+    assert key_params(params) == "teacher=convnet_small.simclr_digits-0-4_s0 trades_k=2"
+    assert key_params({"extra": {"teacher": "relative/dir"}}) == "teacher=relative/dir"  # as given

@@ -36,8 +36,16 @@ def key_params(loss_params: dict[str, Any] | None) -> str:
     # a plugin loss's own parameters (SimCLR has none, so every one is shown)
     extra = loss_params.get("extra") or {}
     pairs = extra.items() if isinstance(extra, dict) else (tuple(kv) for kv in extra)
-    parts += [f"{k}={v}" for k, v in pairs]
+    parts += [f"{k}={_shown(v)}" for k, v in pairs]
     return " ".join(parts)
+
+
+def _shown(value: Any) -> Any:
+    """A parameter as the leaderboard shows it: an absolute path (DeACL's ``teacher``) by its last
+    component, the checkpoint's folder name (its zoo id), not a path of the machine that ran it."""
+    if isinstance(value, str) and Path(value).is_absolute():
+        return Path(value).name
+    return value
 
 
 def recipe_of(info: CheckpointInfo, *, encoder: nn.Module, control: bool) -> dict[str, Any]:
