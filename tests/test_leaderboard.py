@@ -52,10 +52,10 @@ def update_golden(environ: dict[str, str] | os._Environ[str]) -> bool:
 UPDATE = update_golden(os.environ)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # (width, height) in pixels (report.figures sizes x dpi): three tables (in-domain, transfer, shift) in
-# one row of panels, one in-domain table
+# three columns of two panels; an in-domain and a transfer table side by side
 PNG_SIZES = {
-    "standard_vs_robust.png": (1500, 585),
-    "robust_vs_eps.png": (620, 460),
+    "standard_vs_robust.png": (1620, 1160),
+    "robust_vs_eps.png": (1400, 520),
     "ablation_M.png": (1100, 400),
 }
 
@@ -149,6 +149,31 @@ def test_mean_std_and_intervals_by_hand(results: list[dict[str, str]], rendered:
     )
     assert f"90.0 [{100 * ci.low:.1f}, {100 * ci.high:.1f}]" in md
     assert "Wilson over the 200 test examples where n = 1" in md
+
+
+def _clipped(results: list[dict[str, str]]) -> int:
+    """Bounds of t-intervals in results.csv at 0 (1) with the mean above (below): clipped, counted here."""
+    n = 0
+    for rec in results:
+        for key in (
+            k.removesuffix("_interval") for k, v in rec.items() if k.endswith("_interval") and v == "t"
+        ):
+            mean, lo, hi = (float(rec[f"{key}_{x}"]) for x in ("mean", "lo", "hi"))
+            n += (lo == 0.0 < mean) + (hi == 1.0 > mean)
+    return n
+
+
+def test_the_legend_says_that_bounds_are_clipped_and_how_many(
+    results: list[dict[str, str]], rendered: dict[str, Path]
+) -> None:
+    legend = rendered["LEADERBOARD.md"].read_text().split("\n## ")[0]
+    n = _clipped(results)
+    assert n >= 1  # simclr's clean upper bound, 0.94 + 12.7 * 0.01 (above)
+    assert "Interval bounds are clipped to [0, 100] in these tables and in results.csv" in legend
+    assert f": {n} bound{'s' if n > 1 else ''} of this board {'were' if n > 1 else 'was'} clipped" in legend
+    # one seed each: Wilson intervals, which never leave [0, 1], so nothing is clipped
+    one = [r for r in _rows() if r.get("train_seed") in (0, None)]
+    assert "none of this board's bounds was clipped" in _md(one).split("\n## ")[0]
 
 
 def test_ranking_by_the_worst_case_at_the_largest_eps_then_clean(results: list[dict[str, str]]) -> None:

@@ -3,6 +3,8 @@ p-values, and the rounding of machine-readable files."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .stats import Stat
 
 MISSING = "–"
@@ -16,6 +18,20 @@ def pct(x: float | None) -> str:
 def fmt_interval(s: Stat) -> str:
     """The 95 % interval in percent, ``[69.1, 73.5]``; empty when there is none."""
     return "" if s.lo is None or s.hi is None else f"[{pct(s.lo)}, {pct(s.hi)}]"
+
+
+def is_clipped(s: Stat) -> tuple[bool, bool]:
+    """Whether a t-interval's (lower, upper) bound was clipped to [0, 1] (:meth:`.stats.Stat.of`):
+    a bound at 0 (1) with the mean above (below) it can only come from the clip; Wilson intervals
+    never leave [0, 1]."""
+    if s.interval != "t" or s.mean is None or s.lo is None or s.hi is None:
+        return False, False
+    return s.lo == 0.0 < s.mean, s.hi == 1.0 > s.mean
+
+
+def n_clipped(stats: Iterable[Stat]) -> int:
+    """How many interval bounds among ``stats`` were clipped to [0, 1]."""
+    return sum(sum(is_clipped(s)) for s in stats)
 
 
 def fmt_stat(s: Stat) -> str:

@@ -15,7 +15,7 @@ from ..results.rows import SETTINGS
 from . import protocols
 from .aggregate import CONTROL_LABEL, Context, Entry, Recipe, Table, distinct, join, provenance
 from .compare import NO_BITS, table_delta
-from .fmt import MISSING, fmt_points, fmt_with_n, p_label, pct
+from .fmt import MISSING, fmt_points, fmt_with_n, n_clipped, p_label, pct
 from .ranking import tie
 
 
@@ -269,7 +269,8 @@ def legend(ctx: Context, command: str | None, dropped: int) -> tuple[str, list[t
             "evaluation seed) with its 95 % interval in brackets: a Student-t interval over the seeds where "
             "n ≥ 2, a Wilson score interval over the test examples where n = 1 (it covers which test "
             "examples were drawn, not how a second training run would differ). `(n=k)`: a metric measured "
-            "on fewer seeds than the recipe has; `–`: not measured. Standard deviations are in results.csv.",
+            "on fewer seeds than the recipe has; `–`: not measured. Standard deviations are in results.csv. "
+            + _clipping_text(ctx),
         ),
         (
             "ε",
@@ -283,6 +284,22 @@ def legend(ctx: Context, command: str | None, dropped: int) -> tuple[str, list[t
         *_optional_items(ctx, dropped),
     ]
     return lead, items
+
+
+def _clipping_text(ctx: Context) -> str:
+    """The interval-clipping note: the rule, and how many bounds of this board it touched."""
+    n = n_clipped(s for e in ctx.entries for s in e.stats.values())
+    text = (
+        "Interval bounds are clipped to [0, 100] in these tables and in results.csv (accuracy cannot "
+        "leave that range; a t-interval over few seeds can)"
+    )
+    if not n:
+        return text + "; none of this board's bounds was clipped."
+    return (
+        f"{text}: {n} bound{'s' if n != 1 else ''} of this board {'were' if n != 1 else 'was'} clipped, and "
+        "a bound of 0.0 or 100.0 beside a mean inside is the clip, not the computed interval (the std "
+        "and n in results.csv give the unclipped one)."
+    )
 
 
 def _ranking_text(ctx: Context) -> str:

@@ -1,10 +1,11 @@
 """Styles and direct labels for the leaderboard figures.
 
 Seventeen loss families do not fit a 10-colour palette, and a legend beside 17 look-alike markers
-is unreadable. Each recipe gets a (colour, marker) pair that no other recipe of the figure has
-(13 colours x 11 markers, both cycled, so the first 143 recipes are distinct) and every point or
-line is labelled directly: points by a greedy placement that keeps labels off each other and off
-the points, lines by their value at the right end, spread apart in a strip beside the axes.
+is unreadable. Each recipe gets a colour, a marker and a line style (17 colours, 11 markers and 4
+line styles, cycled together: the first 17 recipes differ in colour, and where a later one repeats a
+colour its marker and line style differ) and every point or line is labelled directly: points by a
+greedy placement that keeps labels off each other and off the points, lines by their value at the
+right end, spread apart in a strip beside the axes.
 """
 
 from __future__ import annotations
@@ -18,23 +19,30 @@ from typing import Any
 from .aggregate import Recipe
 
 # Dark, well-separated colours (Okabe-Ito and Tol's, light ones left out so labels in the same colour
-# stay readable on white); 13 and 11 are coprime, so (colour, marker) repeats only after 143 recipes.
+# stay readable on white), ordered so that look-alike hues sit at positions that differ in marker and
+# line style too; 17, 11 and 4 are pairwise coprime, so (colour, marker, line style) repeats only
+# after 748 recipes.
 PALETTE = (
-    "#0072B2",
-    "#D55E00",
-    "#009E73",
-    "#CC79A7",
-    "#E69F00",
-    "#332288",
-    "#882255",
-    "#117733",
-    "#56B4E9",
-    "#999933",
-    "#AA4499",
-    "#000000",
-    "#8C564B",
+    "#0072B2",  # blue
+    "#D55E00",  # vermillion
+    "#009E73",  # bluish green
+    "#CC79A7",  # reddish purple
+    "#E69F00",  # orange
+    "#332288",  # indigo
+    "#882255",  # wine
+    "#117733",  # green
+    "#56B4E9",  # sky blue
+    "#999933",  # olive
+    "#AA4499",  # purple
+    "#000000",  # black
+    "#8C564B",  # brown
+    "#44AA99",  # teal
+    "#EE3377",  # magenta
+    "#661100",  # dark brown
+    "#6A5ACD",  # slate blue
 )
 MARKERS = "osD^vP*<>ph"
+LINESTYLES = ("-", "--", "-.", ":")
 CONTROL_COLOR = "#777777"
 CONTROL_MARKERS = "Xx+1234"
 FONT = 7  # label size in points
@@ -47,6 +55,7 @@ class Style:
     color: str
     marker: str
     label: str
+    linestyle: str = "-"
 
 
 def _short_labels(recipes: Sequence[Recipe]) -> dict[Recipe, str]:
@@ -70,17 +79,20 @@ def _short_labels(recipes: Sequence[Recipe]) -> dict[Recipe, str]:
 
 
 def styles(recipes: Iterable[Recipe]) -> dict[Recipe, Style]:
-    """A distinct (colour, marker) and a short label per recipe; controls are grey crosses."""
+    """A distinct (colour, marker, line style) and a short label per recipe; controls are grey
+    crosses on dashed lines."""
     unique = sorted(set(recipes), key=lambda r: (r.control, r.family, r.key_params, r.differs, r.recipe_id))
     labels = _short_labels(unique)
     trained = [r for r in unique if not r.control]
     out = {
-        r: Style(PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)], labels[r])
+        r: Style(
+            PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)], labels[r], LINESTYLES[i % len(LINESTYLES)]
+        )
         for i, r in enumerate(trained)
     }
     controls = [r for r in unique if r.control]
     for i, r in enumerate(controls):
-        out[r] = Style(CONTROL_COLOR, CONTROL_MARKERS[i % len(CONTROL_MARKERS)], labels[r])
+        out[r] = Style(CONTROL_COLOR, CONTROL_MARKERS[i % len(CONTROL_MARKERS)], labels[r], "--")
     return out
 
 
@@ -132,11 +144,16 @@ def _best_offset(
 
 
 def label_points(
-    ax: Any, points: Sequence[tuple[float, float, str, str]], renderer: Any, clear: Sequence[float] = ()
+    ax: Any,
+    points: Sequence[tuple[float, float, str, str]],
+    renderer: Any,
+    clear: Sequence[float] = (),
+    first: Sequence[bool] = (),
 ) -> None:
     """Label scatter points ``(x, y, text, colour)`` (data coordinates) directly, without overlaps
     where the panel has room; labels far from their point get a thin leader line. ``clear``: the
-    half-width in pixels kept free around each point (default 5: a marker)."""
+    half-width in pixels kept free around each point (default 5: a marker); ``first``: points whose
+    labels are placed before the others (long labels in a corner, which have the fewest spots)."""
     frame = tuple(ax.get_window_extent(renderer).extents)
     disp = [tuple(ax.transData.transform((x, y))) for x, y, _, _ in points]
     half = list(clear) or [5.0] * len(points)
@@ -145,7 +162,8 @@ def label_points(
     ]
     # crowded points first: they have the fewest free spots
     crowd = [sum(math.hypot(px - qx, py - qy) < 40 for qx, qy in disp) for px, py in disp]
-    for i in sorted(range(len(points)), key=lambda i: (-crowd[i], disp[i][1])):
+    early = list(first) or [False] * len(points)
+    for i in sorted(range(len(points)), key=lambda i: (not early[i], -crowd[i], disp[i][1])):
         (x, y, text, color), (px, py) = points[i], disp[i]
         w, h = _text_size(ax, text, renderer)
         dx, dy, box = _best_offset(px, py, w + 2, h + 1, taken, frame)
