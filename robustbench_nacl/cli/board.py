@@ -99,7 +99,20 @@ def leaderboard_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    """Print every recipe's comparison with the baseline (a table, or JSON)."""
+    """Print every recipe's comparison with the baseline, or each claim's test with ``--claims``
+    (a table, JSON, or with ``--markdown`` the reading)."""
+    from ..errors import UserError
+
+    if args.claims is None and (args.margin is not None or args.markdown):
+        raise UserError(f"{'--margin' if args.margin is not None else '--markdown'} applies to --claims only")
+    if args.claims is not None:
+        from ..report.claims import DEFAULT_MARGIN, main_claims
+
+        output = "json" if args.json else "markdown" if args.markdown else "text"
+        margin = DEFAULT_MARGIN if args.margin is None else args.margin
+        text = main_claims(args.rows, args.claims, margin=margin, output=output)
+        print(text, end="" if text.endswith("\n") else "\n")
+        return 0
     from ..report.compare import main_compare
 
     text = main_compare(args.rows, args.baseline, baseline_recipe=args.baseline_recipe, as_json=args.json)
@@ -117,4 +130,26 @@ def compare_args(p: argparse.ArgumentParser) -> None:
         help="directories of result rows (default: %(default)s)",
     )
     _baseline_flags(p, "simclr")
-    p.add_argument("--json", action="store_true", help="print the comparisons as JSON")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
+        "--json", action="store_true", help="print the comparisons (or the claims' tests) as JSON"
+    )
+    out.add_argument(
+        "--markdown", action="store_true", help="with --claims: print the reading, one sentence per test"
+    )
+    p.add_argument(
+        "--claims",
+        nargs="?",
+        const="nacl",
+        default=None,
+        metavar="NAME|PATH",
+        help="sort each claim of a claims file (default: nacl, files/claims/) into established, contradicted "
+        "or not established; each claim names its own baseline, so --baseline is not used",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        metavar="POINTS",
+        help="with --claims: the equivalence margin of no-cost claims, in points (default: 2)",
+    )

@@ -61,10 +61,11 @@ class Comparison:
     p: float | None
     p_holm: float | None = None
     note: str = ""  # why there is no p-value
+    diffs: tuple[float, ...] = ()  # the per-pair differences behind diff (TOST needs them)
 
     def to_json(self) -> dict[str, Any]:
         """A flat JSON record (None for what could not be computed)."""
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"diffs": list(self.diffs)}  # a list, as JSON reads it back
 
 
 # ============ outcomes and pairing ============
@@ -166,6 +167,7 @@ def compare_entries(base: Entry, cand: Entry, metric: str, label: str = "") -> C
         c=None if test is None else test.c,
         p=None if test is None else test.p,
         note="" if test is not None else NO_BITS if pairs else how,
+        diffs=tuple(diffs),
     )
 
 

@@ -8,6 +8,8 @@
 - :func:`paired_difference`: the accuracy difference with its interval (over seeds, or over
   examples for one seed);
 - :func:`holm`: Holm's step-down correction across the comparisons of a table;
+- :func:`tost_paired`: two one-sided t-tests of equivalence within a margin, over seed-paired
+  differences (the "no cost" claims);
 - :class:`Stat`: one metric over runs (mean, std, 95 % interval), as the tables show it.
 
 scipy provides the distributions; nothing here is approximate where an exact test exists.
@@ -125,6 +127,46 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         out[i] = running
     return out
+
+
+@dataclass(frozen=True)
+class Tost:
+    """Two one-sided t-tests (Schuirmann 1987) that the mean paired difference lies in (-margin, margin).
+
+    ``p_lower`` tests H0: mean <= -margin, ``p_upper`` H0: mean >= margin; ``p`` (the larger)
+    rejects non-equivalence at level alpha exactly when the (1 - 2 alpha) t-interval lies inside
+    the margin.
+    """
+
+    mean: float
+    margin: float
+    n: int
+    p_lower: float
+    p_upper: float
+
+    @property
+    def p(self) -> float:
+        """The TOST p-value: the larger of the two one-sided p-values."""
+        return max(self.p_lower, self.p_upper)
+
+
+def tost_paired(diffs: Sequence[float], margin: float) -> Tost | None:
+    """TOST over paired differences (one per seed pair); None for fewer than two pairs.
+
+    Identical differences (zero spread) leave no t statistic: each one-sided p is then 0 when the
+    mean lies strictly inside that side of the margin and 1 otherwise.
+    """
+    if not margin > 0:
+        raise ValueError(f"equivalence margin must be positive, not {margin!r}")
+    x = np.asarray(diffs, dtype=float)
+    if len(x) < 2:
+        return None
+    mean, sem, df = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x))), len(x) - 1
+    if sem == 0:
+        return Tost(mean, margin, len(x), float(mean <= -margin), float(mean >= margin))
+    p_lower = float(stats.t.sf((mean + margin) / sem, df))
+    p_upper = float(stats.t.cdf((mean - margin) / sem, df))
+    return Tost(mean, margin, len(x), p_lower, p_upper)
 
 
 @dataclass(frozen=True)
