@@ -1,5 +1,5 @@
 """The ``zoo`` command: its table of subcommands (list, show, train, eval, run, verify, status,
-publish, regenerate, verify-submission), its flags, and the subcommands that only read or copy."""
+curves, publish, regenerate, verify-submission), its flags, and the subcommands that only read or copy."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UserError
+from ..io import refuse_reference_dir
 from .common import DEFAULT_ZOO_BOARD, DEFAULT_ZOO_OUT, deterministic_flag, protocol_arg
 from .zoo_jobs import launcher_args, zoo_entries, zoo_eval, zoo_run, zoo_train
 
@@ -94,6 +95,41 @@ def _zoo_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_curves(args: argparse.Namespace) -> int:
+    """Draw the learning curves of the trained entries asked for from their log.jsonl into --leaderboard."""
+    from .. import zoo
+    from ..report.curves import CurveRun, read_log, render_curves
+
+    refuse_reference_dir(args.leaderboard, "--leaderboard")
+    entries = zoo_entries(args)
+    logged = [e for e in entries if (zoo.checkpoint_dir(e, args.out) / "log.jsonl").is_file()]
+    if not logged:
+        raise UserError(
+            f"none of the {len(entries)} entries asked for has a training log under {args.out}; "
+            "train them with `zoo train` or pass the --out they were trained into"
+        )
+    several = len({e.dataset for e in logged}) > 1
+    runs = [
+        CurveRun(
+            e.id, _curve_label(e, several), e.seed, read_log(zoo.checkpoint_dir(e, args.out) / "log.jsonl")
+        )
+        for e in logged
+    ]
+    title = f"learning curves: zoo {args.zoo}" if args.zoo and not args.ids else "learning curves"
+    files = render_curves(runs, args.leaderboard, title=title)
+    lines = len({r.label for r in runs})
+    print(f"{len(runs)} runs, {lines} lines -> " + ", ".join(str(p) for p in files.values()))
+    if len(logged) < len(entries):
+        print(f"{len(entries) - len(logged)} entries have no training log under {args.out}: not drawn")
+    return 0
+
+
+def _curve_label(entry: Any, dataset: bool) -> str:
+    """One line per recipe: the preset, its overrides, and the dataset where the entries have several."""
+    overrides = " ".join(f"{k}={v}" for k, v in sorted(entry.overrides.items()))
+    return " ".join(p for p in (entry.loss, overrides, f"@ {entry.dataset}" if dataset else "") if p)
+
+
 def _zoo_publish(args: argparse.Namespace) -> int:
     """Copy the trained, evaluated entries of --zoo into the package's published set (maintainers)."""
     from ..publish import publish_zoo
@@ -141,6 +177,7 @@ _ZOO_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": zoo_run,
     "verify": _zoo_verify,
     "status": _zoo_status,
+    "curves": _zoo_curves,
     "publish": _zoo_publish,
     "regenerate": _zoo_regenerate,
     "verify-submission": _zoo_verify_submission,
@@ -166,8 +203,8 @@ def zoo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--leaderboard",
         default=str(DEFAULT_ZOO_BOARD),
-        help="eval/run: where result rows (LEADERBOARD/rows) and the rendered leaderboard go "
-        "(default: %(default)s)",
+        help="eval/run: where result rows (LEADERBOARD/rows) and the rendered leaderboard go; curves: "
+        "where learning_curves.png and .csv go (default: %(default)s)",
     )
     p.add_argument(
         "--workers",

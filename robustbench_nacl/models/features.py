@@ -1,4 +1,5 @@
-"""Frozen-encoder feature extraction and the weighted kNN monitor/probe."""
+"""Frozen-encoder feature extraction, the weighted kNN monitor/probe, and the training monitor's
+quick linear probe."""
 
 from __future__ import annotations
 
@@ -104,3 +105,50 @@ def knn_accuracy(
     """Fraction of queries whose weighted-kNN vote is their label (computed on the query's device)."""
     pred = knn_predict(bank, bank_y, query, num_classes=num_classes, k=k, t=t)
     return float((pred == query_y.to(pred.device)).float().mean())
+
+
+#: The training monitor's quick linear probe: full-batch Adam at this learning rate for this many
+#: steps on standardised features, from zero weights: a fixed cost per monitored epoch, large enough
+#: that the curve follows the features rather than the probe's optimisation (tests/test_curves.py: it
+#: fits separable features exactly). See docs/decisions.md, 'Training monitor and learning curves'.
+MONITOR_PROBE_STEPS = 200
+MONITOR_PROBE_LR = 0.05
+
+
+@torch.no_grad()
+def monitor_probe_accuracy(
+    bank: Tensor,
+    bank_y: Tensor,
+    query: Tensor,
+    query_y: Tensor,
+    *,
+    num_classes: int,
+    steps: int = MONITOR_PROBE_STEPS,
+    lr: float = MONITOR_PROBE_LR,
+) -> tuple[float, float]:
+    """A quick linear probe on cached features: ``(train accuracy, test accuracy)``.
+
+    The features are standardised with the training split's mean and std; softmax regression starts
+    from zero weights and takes full-batch Adam steps. Nothing is random (no initialisation, no
+    batch order), so the monitor draws from no RNG and a training run is the same bits with it or
+    without it. Runs on the bank's device.
+    """
+    dev = bank.device
+    bank, query = bank.float(), query.to(dev).float()
+    mean, std = bank.mean(dim=0), bank.std(dim=0, unbiased=False).clamp_min(1e-6)
+    ones = torch.ones(len(bank), 1, device=dev)
+    fa = torch.cat([(bank - mean) / std, ones], dim=1)  # (N, d+1): the bias as a last column
+    qa = torch.cat([(query - mean) / std, torch.ones(len(query), 1, device=dev)], dim=1)
+    bank_y, query_y = bank_y.to(dev), query_y.to(dev)
+    onehot = F.one_hot(bank_y, num_classes).float()
+    wb = torch.zeros(num_classes, fa.shape[1], device=dev)  # a feature constant on train keeps weight 0
+    m, v = torch.zeros_like(wb), torch.zeros_like(wb)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for step in range(1, steps + 1):
+        grad = (torch.softmax(fa @ wb.T, dim=1) - onehot).T @ fa / len(fa)
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        wb.addcdiv_(m, (v / (1 - b2**step)).sqrt_().add_(eps), value=-lr / (1 - b1**step))
+    train_acc = float(((fa @ wb.T).argmax(dim=1) == bank_y).float().mean())
+    test_acc = float(((qa @ wb.T).argmax(dim=1) == query_y).float().mean())
+    return train_acc, test_acc

@@ -35,6 +35,8 @@ class TrainConfig:
     knn_every: int = 5  # kNN monitor every N epochs, at epoch 0 and after the last (0: only the last)
     knn_k: int = 200
     knn_t: float = 0.1
+    # also a quick linear probe at the kNN monitor's epochs (train_probe_acc, test_probe_acc in log.jsonl)
+    monitor_probe: bool = False
     precision: str = "fp32"  # "fp32" | "bf16" (autocast; the loss itself is always fp32)
     channels_last: bool = True  # NHWC convolutions: 1.2-1.6x faster training steps on CPU (bench/)
     data_root: str | None = None
@@ -43,8 +45,12 @@ class TrainConfig:
     id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return dataclasses.asdict(self)
+        """JSON-ready form; ``monitor_probe`` only when on, so that the recorded configuration of every
+        run without it (manifest ``config``, the resume checks against it) is what it always was."""
+        out = dataclasses.asdict(self)
+        if not out["monitor_probe"]:
+            del out["monitor_probe"]
+        return out
 
     @functools.cached_property
     def spec(self) -> DatasetSpec:

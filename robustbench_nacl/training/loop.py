@@ -8,7 +8,8 @@ manifest is written last and marks a finished run.
 
 Under a process group (torchrun, ``--nproc``) every rank runs this same loop on the global batches
 and only the model's forward is sharded (:mod:`.distributed`); rank 0 alone shows progress,
-computes the kNN monitor and writes files. Without one, nothing of that code runs.
+computes the monitor (kNN, and with ``monitor_probe`` a quick linear probe) and writes files.
+Without one, nothing of that code runs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
 from ..locks import remove_temporaries
 from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
-from ..models.features import extract_features, knn_accuracy
+from ..models.features import extract_features, knn_accuracy, monitor_probe_accuracy
 from ..models.heads import ContrastiveModel
 from ..utils import device_name, resolve_device, seed_everything
 from . import distributed
@@ -46,7 +47,7 @@ STATE_KEYS = ("model", "optimizer", "torch_rng", "config", "epoch", "elapsed", "
 
 @dataclass
 class _Data:
-    """The training set on the device, and both splits for the kNN monitor."""
+    """The training set on the device, and both splits for the monitor."""
 
     train: ImageData
     test: ImageData
@@ -124,7 +125,7 @@ def train(
     step = TrainStep(cfg, params, run.net, run.optimizer, objective=objective, view_maker=view_maker)
     if not run.log and cfg.knn_every > 0 and world.main:
         # epoch 0: the same encoder at random initialisation, the baseline training must beat
-        run.log.append({"epoch": 0, "test_knn_acc": _knn(run.model, run.data.train, run.data.test, cfg)})
+        run.log.append({"epoch": 0, **_monitor(run.model, run.data.train, run.data.test, cfg)})
     _train_epochs(run, step, progress and world.main)
     if world.main:
         _write_checkpoint(run, params)
@@ -241,7 +242,7 @@ def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
         if not run.world.main:
             continue  # the other ranks go on to the next epoch's first collective and wait there
         if (cfg.knn_every > 0 and (epoch + 1) % cfg.knn_every == 0) or epoch + 1 == cfg.epochs:
-            row["test_knn_acc"] = _knn(run.model, run.data.train, run.data.test, cfg)
+            row.update(_monitor(run.model, run.data.train, run.data.test, cfg))
         run.log.append(row)
         knn_acc = run.knn_acc()
         epochs.set_postfix(
@@ -340,13 +341,24 @@ def _load_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _knn(model: ContrastiveModel, train_set: ImageData, test_set: ImageData, cfg: TrainConfig) -> float:
+def _monitor(
+    model: ContrastiveModel, train_set: ImageData, test_set: ImageData, cfg: TrainConfig
+) -> dict[str, float]:
+    """The monitor's log fields: ``test_knn_acc``, and with ``monitor_probe`` the quick linear probe's
+    ``train_probe_acc`` and ``test_probe_acc`` on the same features (it draws from no RNG)."""
     # on the model's device: a GPU run's monitor does not move the features to the CPU
     bank = extract_features(model.encoder, train_set.x, keep_device=True)
     query = extract_features(model.encoder, test_set.x, keep_device=True)
-    return knn_accuracy(
-        bank, train_set.y, query, test_set.y, num_classes=train_set.num_classes, k=cfg.knn_k, t=cfg.knn_t
-    )
+    classes = train_set.num_classes
+    out = {
+        "test_knn_acc": knn_accuracy(
+            bank, train_set.y, query, test_set.y, num_classes=classes, k=cfg.knn_k, t=cfg.knn_t
+        )
+    }
+    if cfg.monitor_probe:
+        fit, test = monitor_probe_accuracy(bank, train_set.y, query, test_set.y, num_classes=classes)
+        out.update(train_probe_acc=fit, test_probe_acc=test)
+    return out
 
 
 def _save_state(run: _Run, epoch: int) -> None:

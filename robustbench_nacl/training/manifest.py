@@ -32,9 +32,10 @@ from ..utils import versions
 from .config import TrainConfig
 
 #: TrainConfig fields left out of the training configuration: the id itself, where the data files
-#: live (not what they hold), the kNN monitor (it only reads the encoder: the weights are the same
-#: bits whatever it is set to; tested), and the overrides (the resolved loss parameters stand in).
-NOT_TRAINING = ("id", "data_root", "knn_every", "knn_k", "knn_t", "overrides")
+#: live (not what they hold), the kNN and probe monitors (they only read the encoder and draw from no
+#: training RNG: the weights are the same bits whatever they are set to; tested), and the overrides
+#: (the resolved loss parameters stand in).
+NOT_TRAINING = ("id", "data_root", "knn_every", "knn_k", "knn_t", "monitor_probe", "overrides")
 #: hex digits of ``config_sha256`` in a default checkpoint id (32 bits: a collision among a few
 #: hundred runs has a probability of about 1e-5)
 ID_HASH_CHARS = 8
