@@ -140,6 +140,7 @@ def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
             epochs=ev.get("probe_epochs") or DEFAULT_PROBE_EPOCHS,
             seed=entry.seed,
             max_train=ev.get("probe_max_train"),
+            standardize=ev.get("probe_standardize", False),
         ),
         "control": control,
     }

@@ -118,7 +118,14 @@ def test_every_probe_and_knn_parameter_is_recorded_and_part_of_the_protocol(
     ckpts: list[Path], tmp_path: Path
 ) -> None:
     probe = ProbeConfig(
-        epochs=15, lr=2e-2, batch_size=64, weight_decay=1e-4, max_train=150, knn_k=7, knn_t=0.2
+        epochs=15,
+        lr=2e-2,
+        batch_size=64,
+        weight_decay=1e-4,
+        max_train=150,
+        knn_k=7,
+        knn_t=0.2,
+        standardize=True,
     )
     rows = evaluate(ckpts[0], suite="quick", out=tmp_path, n_examples=40, probe=probe, seed=3, progress=False)
     recorded = rows[0].probe_config

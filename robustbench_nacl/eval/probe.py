@@ -3,7 +3,9 @@
 Features are computed once with the encoder in eval mode and no gradients; the linear layer is
 trained on that cached tensor, so the paper's 1000-epoch schedule costs seconds. The cache is
 only for training the probe and for clean metrics: attacks always run end to end on
-``ProbedClassifier`` (normalisation -> encoder -> linear) from [0,1] pixels.
+``ProbedClassifier`` (normalisation -> encoder -> linear) from [0,1] pixels. A probe fitted on
+standardised features (``ProbeConfig.standardize``) has the standardisation folded into its linear
+layer, so the attacked model is still encoder -> linear on the raw features.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ class ProbedClassifier(nn.Module):
 class ProbeConfig:
     """Linear-probe and kNN recipe (NaCl/CLAE: Adam 3e-4, batch 256, 1000 epochs, no augmentation).
 
-    Every field is recorded in each result row (``probe_config``) and, except ``seed``, is part of
-    the row's protocol: rows measured with different probe settings are never ranked together.
+    Every field is recorded in each result row (``probe_config``, :meth:`as_dict`: ``standardize``
+    only when set) and, except ``seed``, is part of the row's protocol: rows measured with different
+    probe settings are never ranked together. ``standardize`` applies to SLF's probe; ALF and AFF
+    train their own heads (docs/decisions.md, 'Linear probe').
     """
 
     epochs: int = 1000  # probe training epochs on the cached features
@@ -61,6 +65,17 @@ class ProbeConfig:
     max_train: int | None = None  # train the probe on the first N training images only (budgeted demos)
     knn_k: int = KNN_K  # neighbours of the weighted-kNN clean metric (knn_acc)
     knn_t: float = KNN_T  # temperature of the weighted-kNN votes e^{sim/t}
+    # fit on features standardised by the training split's mean/std, folded into the head afterwards
+    standardize: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``probe_config`` rows record and hash: every field, ``standardize`` only when set, so
+        that a default probe's rows keep the ids they had before the field existed."""
+        out = asdict(self)
+        for name in OPTIONAL_FIELDS:
+            if out[name] == _DEFAULTS[name]:
+                del out[name]
+        return out
 
     def check(self) -> None:
         """Raise a one-line ``UserError`` for a setting that cannot be run."""
@@ -68,6 +83,8 @@ class ProbeConfig:
         for name, v in ints.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UserError(f"probe {name} {v!r}: must be an integer >= 1")
+        if not isinstance(self.standardize, bool):
+            raise UserError(f"probe standardize {self.standardize!r}: must be true or false")
         if self.max_train is not None and (not isinstance(self.max_train, int) or self.max_train < 1):
             raise UserError(f"probe max_train {self.max_train!r}: must be an integer >= 1 (or unset)")
         reals = {
@@ -79,6 +96,15 @@ class ProbeConfig:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             if not ok or v < 0 or (v == 0 and not zero_ok):
                 raise UserError(f"probe {name} {v!r}: must be a finite number {'>= 0' if zero_ok else '> 0'}")
+
+
+# Fields recorded in ``probe_config`` only when they differ from their default (added after rows
+# were published: a default probe's identity stays what it was).
+OPTIONAL_FIELDS = ("standardize",)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ProbeConfig)}
+# A feature whose training-split std is below this is left unscaled (std 1, as scikit-learn's
+# StandardScaler does): dividing a dead unit by ~0 would give the folded head a huge weight there.
+STD_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -133,9 +159,16 @@ def fit_linear_probe(
         bound = 1.0 / f_train.shape[1] ** 0.5
         head.weight.copy_(torch.empty_like(head.weight, device="cpu").uniform_(-bound, bound, generator=gen))
         head.bias.copy_(torch.empty_like(head.bias, device="cpu").uniform_(-bound, bound, generator=gen))
+    # standardize: the head is fitted on standardised features, then folded back onto the raw ones
+    scaler = feature_scaler(f_train) if cfg.standardize else None
+    fit_train, fit_test = (
+        (f_train, f_test) if scaler is None else (_scaled(f_train, scaler), _scaled(f_test, scaler))
+    )
     # One thread: this loop is many tiny ops, which contended threads only slow down.
     with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
-        best_acc, best_epoch = _train_head(head, f_train, y_train, f_test, y_test, cfg, gen)
+        best_acc, best_epoch = _train_head(head, fit_train, y_train, fit_test, y_test, cfg, gen)
+    if scaler is not None:
+        fold_standardization(head, *scaler)
     # on the features' device (a GPU's, not one CPU thread of a pool worker)
     knn = knn_accuracy(
         f_train, train.y, f_test, test.y, num_classes=train.num_classes, k=cfg.knn_k, t=cfg.knn_t
@@ -148,9 +181,30 @@ def fit_linear_probe(
         knn_acc=knn,
         n_train=len(f_train),
         n_test=len(f_test),
-        config=asdict(cfg),
+        config=cfg.as_dict(),
     )
     return ProbedClassifier(encoder, head), result
+
+
+def feature_scaler(f: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-feature mean and scale of ``f`` (population std; 1 where the std is below ``STD_EPS``)."""
+    mean, std = f.mean(0), f.std(0, unbiased=False)
+    return mean, torch.where(std > STD_EPS, std, torch.ones_like(std))
+
+
+def _scaled(f: Tensor, scaler: tuple[Tensor, Tensor]) -> Tensor:
+    return (f - scaler[0]) / scaler[1]
+
+
+def fold_standardization(head: nn.Linear, mean: Tensor, scale: Tensor) -> None:
+    """Make ``head`` act on raw features as it did on standardised ones, in place:
+    ``W' = W / scale``, ``b' = b - W' mean`` (computed in float64), so that
+    ``W' f + b' = W (f - mean) / scale + b`` and the attacked classifier keeps its function."""
+    with torch.no_grad():
+        w = head.weight.double() / scale.double()
+        b = head.bias.double() - w @ mean.double()
+        head.weight.copy_(w)
+        head.bias.copy_(b)
 
 
 def _train_head(

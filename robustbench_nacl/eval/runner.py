@@ -7,7 +7,7 @@ import copy
 import datetime as dt
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from .benchmark import WORST_CASE, benchmark, derive_seed
 from .finetune import fit_protocol, run_key
 from .heads import HEADS_DIR, head_key, load_head, save_head
 from .probe import ProbedClassifier, fit_linear_probe
+from .sanity import add_flags, check_probe_fit
 from .settings import IdentityFields, Setting, corruption_fields, expected_identities
 
 __all__ = ["Job", "rewrite_vanished", "run_protocol"]
@@ -145,6 +146,9 @@ def _run_setting(
         num_classes=train.num_classes,
         progress=job.progress,
     )
+    # SLF only: ALF/AFF heads are trained on adversarial examples, below clean kNN by design
+    fit = check_probe_fit(probe_result.train_acc, probe_result.knn_acc) if job.finetune is None else None
+    add_flags(measured, {"sanity_probe_underfit": fit})
     shared = {
         "probe_test_acc": probe_result.test_acc,
         "probe_best_test_acc": probe_result.best_test_acc,  # selected on test: for comparison only
@@ -193,7 +197,7 @@ def _fit(
             job.finetune.identity(),
             sha=job.ident.checkpoint_sha256,
             dataset=setting.dataset,
-            probe=asdict(probe),
+            probe=probe.as_dict(),
         )
         fitted = fit_protocol(
             job.finetune, encoder, train, test, probe, out=job.out, key=key, progress=job.progress
@@ -216,7 +220,7 @@ def _probe(job: Job, setting: Setting, train: ImageData, test: ImageData) -> tup
     """The linear probe of a setting (SLF): a stored head when ``job.heads`` has one, else fitted (on a
     copy of the encoder, so the caller's module is untouched too)."""
     name = "in-domain" if setting.name == "corruption" else setting.name  # the same probe, the same head
-    key = head_key(job.ident.checkpoint_sha256, name, setting.dataset, asdict(job.ident.probe))
+    key = head_key(job.ident.checkpoint_sha256, name, setting.dataset, job.ident.probe.as_dict())
     stored = load_head(job.heads, key) if job.heads else None
     if stored is not None:
         head, probe_result = stored
@@ -247,7 +251,7 @@ def _make_row(job: Job, setting: Setting, r: dict[str, Any], shared: dict[str, A
         "n_examples": job.ident.n_examples,  # requested; None = every test example
         "n_examples_evaluated": r["n_examples"],
         "n_examples_requested": job.ident.n_examples,
-        "probe_config": asdict(job.ident.probe),
+        "probe_config": job.ident.probe.as_dict(),
         "attack_versions": job.ident.attack_versions,
         **shared,
     }

@@ -13,7 +13,9 @@ Three kinds of result:
   randomness, batch dependence, submodules that ignore ``eval()``, zero input gradients, accuracy
   that an unbounded attack cannot drive to zero, clean accuracy at chance, robust accuracy rising
   with eps, iterative attacks weaker than single-step ones, attacks weaker than random noise,
-  AutoAttack's Square fooling examples its gradient attacks missed.
+  AutoAttack's Square fooling examples its gradient attacks missed, a linear probe that fits its
+  own training features far worse than kNN classifies test examples with them (``probe_underfit``,
+  decided by the runner from the probe's report and added with :func:`add_flags`).
 
 Every flag can fire through ``evaluate`` (tests/test_sanity_flags.py makes each one fire). Flags go
 into every result row as ``sanity_<name>``: ``True`` when the check passes, ``False`` when it
@@ -52,6 +54,7 @@ FLAGS: dict[str, str] = {
     "le_single_step": "an iterative attack is weaker than a single-step one at the same norm and eps",
     "attack_beats_noise": "the attack is weaker than random noise of the same size",
     "square_adds_nothing": "AutoAttack's Square (no gradients) fooled examples the gradient attacks missed",
+    "probe_underfit": "the linear probe's train accuracy is > 10 points below kNN on the same features (SLF)",
 }
 SANITY_N = 128
 # Cross-row comparisons allow this many examples of slack (random starts differ between attacks).
@@ -60,6 +63,9 @@ TOL_EXAMPLES = 2
 UNBOUNDED_MAX_ACC = 0.05
 # AutoAttack's check_square_sr threshold: Square may lower robust accuracy by this fraction.
 SQUARE_ALPHA = 0.002
+# probe_underfit fires when the probe's train accuracy is more than this below the kNN accuracy on
+# the same features (docs/decisions.md, 'Sanity checks'): about 3 seed-to-seed SDs of the reference.
+PROBE_UNDERFIT_GAP = 0.10
 
 
 def _head(x: Tensor, n: int) -> Tensor:
@@ -377,3 +383,29 @@ def square_adds_nothing(row: dict[str, Any], tol_examples: int = TOL_EXAMPLES) -
     if found is None:
         return None
     return found <= max(tol_examples, math.ceil(SQUARE_ALPHA * max(1, row["n_examples"])))
+
+
+# ============ flags decided outside benchmark ============
+
+
+def check_probe_fit(train_acc: float, knn_acc: float, *, gap: float = PROBE_UNDERFIT_GAP) -> bool | None:
+    """``probe_underfit``: False (fires) if the linear probe's accuracy on the features it was fitted
+    on is more than ``gap`` below the weighted-kNN accuracy on the same encoder's features (test
+    split, the training split as its bank). A linear head that fits its own training set worse than
+    kNN classifies unseen examples has not reached what the features allow, and every number
+    measured through it (clean and robust) is the probe's, not the encoder's. None if either
+    accuracy is missing or NaN (no training examples)."""
+    if any(not isinstance(v, int | float) or math.isnan(v) for v in (train_acc, knn_acc)):
+        return None
+    return knn_acc - train_acc <= gap + 1e-9  # 1e-9: a gap of exactly ``gap`` passes
+
+
+def add_flags(rows: list[dict[str, Any]], flags: dict[str, bool | None]) -> None:
+    """Add flags decided outside :func:`benchmark` (``sanity_<name>`` keys, e.g. the probe's fit) to
+    every row of one classifier and summarise each row again (``sanity_ok``, ``sanity_failed``)."""
+    unknown = [k for k in flags if k.removeprefix("sanity_") not in FLAGS]
+    if unknown:
+        raise ValueError(f"not sanity flags: {unknown}")
+    for r in rows:
+        r.update(flags)
+        _summarise(r, r.get("attack_family") == "single_step")

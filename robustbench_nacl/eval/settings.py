@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .. import plugins
@@ -181,7 +181,7 @@ class IdentityFields:
             "eps": eps,
             "seed": self.seed,
             "n_examples": self.n_examples,
-            "probe_config": asdict(self.probe),
+            "probe_config": self.probe.as_dict(),
             "suite_sha256": suite.sha256,
             "attack_versions": self.attack_versions,
             **corruption_fields(setting),

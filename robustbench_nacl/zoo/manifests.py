@@ -28,6 +28,7 @@ EVAL_KEYS = {
     "n_examples": (int, type(None)),
     "probe_epochs": (int, type(None)),
     "probe_max_train": (int, type(None)),
+    "probe_standardize": bool,  # ProbeConfig.standardize (docs/decisions.md, 'Linear probe')
 }
 
 

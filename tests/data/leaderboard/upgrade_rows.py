@@ -8,7 +8,6 @@ README.md beside this file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -44,7 +43,7 @@ def upgrade(row: dict) -> dict:
     row["row_format"] = ROW_FORMAT
     row["dataset"] = canonical_spec(row["dataset"])
     row["pretrain_dataset"] = canonical_spec(row["pretrain_dataset"])
-    row["probe_config"] = dataclasses.asdict(ProbeConfig(**row["probe_config"]))  # new fields: defaults
+    row["probe_config"] = ProbeConfig(**row["probe_config"]).as_dict()  # new fields: defaults
     row.setdefault("attack_versions", {"robustbench_nacl": row["versions"]["robustbench_nacl"]})
     row.setdefault("n_examples_evaluated", row["n_examples"])
     row.setdefault("recipe", recipe(row))
