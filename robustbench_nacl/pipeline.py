@@ -109,9 +109,12 @@ def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progres
     with lock:
         if is_trained(entry, ckpts):
             return entry.id
-        # the kNN monitor at initialisation and after the last epoch only: it does not change the weights
-        # a DeACL entry: its teacher entry's checkpoint under ckpts (one line if it is not trained yet)
-        cfg = entry.train_config(ckpts=ckpts, knn_every=max(int(entry.recipe["epochs"]), 1))
+        # the monitor (kNN, and the quick probe with monitor_probe) at initialisation and every
+        # monitor_every epochs (default: after the last only); it does not change the weights or ids.
+        # A DeACL entry: its teacher entry's checkpoint under ckpts (one line if it is not trained yet)
+        every = int(entry.recipe.get("monitor_every") or max(int(entry.recipe["epochs"]), 1))
+        monitor = {"knn_every": every, "monitor_probe": bool(entry.recipe.get("monitor_probe", False))}
+        cfg = entry.train_config(ckpts=ckpts, **monitor)
         # sync_bn: in a multi-process job (launch, several GPUs) BatchNorm still sees the whole batch,
         # so an entry's recipe does not depend on how many processes train it (one: a no-op)
         train(cfg, d, device=device, resume=(d / "train_state.pt").exists(), progress=progress, sync_bn=True)

@@ -4,6 +4,7 @@ weights with it or without it) and `zoo curves` (learning_curves.png and a CSV o
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, run_cli
 
-from robustbench_nacl import zoo
+from robustbench_nacl import pipeline, zoo
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.models.features import monitor_probe_accuracy
 from robustbench_nacl.report.curves import CSV, PNG, CurveRun, curve, draw_learning_curves, lines, read_log
@@ -50,9 +51,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[zoo.Zo
     """Two tiny digits entries of a zoo `t`, trained with the probe monitor every epoch."""
     tmp = tmp_path_factory.mktemp("curves")
     entries = [_entry(loss, tmp / "zoo") for loss in ("simclr", "debiased")]
-    for e in entries:
-        train(e.train_config(**MONITOR), zoo.checkpoint_dir(e, tmp / "ckpts"), progress=False)
-    return tmp, entries
+    train(entries[0].train_config(**MONITOR), zoo.checkpoint_dir(entries[0], tmp / "ckpts"), progress=False)
+    # the other as a zoo run trains it: the manifest's recipe asks for the monitor
+    monitored = dataclasses.replace(entries[1], recipe={**RECIPE, "monitor_every": 1, "monitor_probe": True})
+    zoo.write_entry(monitored, tmp / "zoo")
+    pipeline.train_entry(monitored, tmp / "ckpts")
+    return tmp, [entries[0], monitored]
 
 
 def _log(d: Path) -> list[dict]:

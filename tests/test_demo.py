@@ -34,12 +34,8 @@ def test_quick_demo_end_to_end(tmp_path: Path, cli_env: dict[str, str]) -> None:
     md = (board / "LEADERBOARD.md").read_text()
     assert "FGSM@0.002" in md and "PGD@0.002" in md and "random-init (control)" in md
     rows = [json.loads(p.read_text()) for p in (tmp_path / "quick" / "rows").glob("*.json")]
-    failed = {c for r in rows if not r["control"] for c in r["sanity_failed"].split(",") if c}
-    # the quick demo's probe (100 epochs at lr 3e-4 on raw features) stops short of what kNN gets
-    # from some encoders' features: flagged as probe_underfit, not hidden; no attack check may fail
-    assert rows and failed <= {"probe_underfit"}
+    assert rows and all(r["sanity_ok"] for r in rows if not r["control"])
     # a random-init control may legitimately sit at chance on a shifted set (2-epoch probe budget):
-    # then it may also fail "clean above chance", and it is flagged, not hidden
-    failed |= {c for r in rows for c in r["sanity_failed"].split(",") if c}
-    assert failed <= {"clean_above_chance", "probe_underfit"}
+    # then the only check it may fail is "clean above chance", and it is flagged, not hidden
+    assert {r.get("sanity_failed") for r in rows if not r["sanity_ok"]} <= {"clean_above_chance"}
     assert str(board / "index.html") in res.stdout  # it says where everything is

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -390,5 +390,5 @@ def _metrics(
         knn_acc=knn,
         n_train=len(train),
         n_test=len(test),
-        config=asdict(probe),
+        config=probe.as_dict(),
     )

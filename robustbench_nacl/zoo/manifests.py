@@ -78,6 +78,12 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
     for k, v in data["recipe"].items():
         if k in RECIPE_KEYS and (not isinstance(v, int | float) or isinstance(v, bool)):
             raise bad(f"recipe.{k} must be a number")
+    # the training monitor (learning curves): logged, never part of the weights or their ids
+    every = data["recipe"].get("monitor_every")
+    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+        raise bad("recipe.monitor_every must be an integer >= 1")
+    if not isinstance(data["recipe"].get("monitor_probe", False), bool):
+        raise bad("recipe.monitor_probe must be true or false")
     for k, v in data.get("eval", {}).items():
         if k not in EVAL_KEYS:
             raise bad(f"unknown eval field {k!r}; valid: {', '.join(EVAL_KEYS)}")
