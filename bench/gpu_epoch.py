@@ -151,7 +151,7 @@ def time_train(cfg: Any, device: str) -> dict[str, Any]:
     parts: dict[str, list[float]] = {"epoch": [], "knn": [], "save_state": [], "checkpoint": []}
     names = {
         "epoch": "_train_epoch",
-        "knn": "_knn",
+        "knn": "_monitor",
         "save_state": "_save_state",
         "checkpoint": "_write_checkpoint",
     }
