@@ -41,8 +41,6 @@ ABLATION_IN = (11.0, 4.0)
 ABLATIONS = {"M": "number of positives M", "lam": "mixup coefficient λ"}
 SIGNIFICANT = 0.05  # Holm-adjusted p below which (with a seed interval excluding 0) a point is filled
 PAPER_EPS = 0.002  # the NaCl paper's FGSM ε (Fig. 1)
-# the names report/protocols.py draws its figure with (the canvas helpers used to live here)
-_figure, _png = new_figure, png_bytes
 
 
 def figure_size(name: str, n: int) -> tuple[int, int]:

@@ -116,16 +116,16 @@ def markdown_section(ctx: Context) -> list[str]:
 
 def figure(ctx: Context) -> tuple[bytes, str] | None:
     """PNG bytes and caption of robust accuracy per protocol (one panel per group), or None."""
-    from .figures import _figure, _png
+    from .canvas import new_figure, png_bytes
 
     found = groups(ctx)
     if not has_protocols(ctx) or not found:
         return None
-    fig, axes = _figure((5.0 * len(found), 3.6), 1, len(found))
+    fig, axes = new_figure((5.0 * len(found), 3.6), 1, len(found))
     for ax, ((setting, dataset, _), by) in zip(axes, found.items(), strict=True):
         _panel(ax, ctx, setting, dataset, by)
     fig.subplots_adjust(bottom=0.3, top=0.88, wspace=0.3)
-    return _png(fig), "Robust accuracy per finetuning protocol (SLF / ALF / AFF), one panel per setting"
+    return png_bytes(fig), "Robust accuracy per finetuning protocol (SLF / ALF / AFF), one panel per setting"
 
 
 def _panel(ax: Any, ctx: Context, setting: str, dataset: str, by: dict[str, dict[str, Entry]]) -> None:
