@@ -13,6 +13,7 @@ import torch
 from conftest import ROOT, run_cli
 
 from robustbench_nacl import pipeline, zoo
+from robustbench_nacl.cli import main as cli_main
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.models.features import monitor_probe_accuracy
 from robustbench_nacl.report.curves import CSV, PNG, CurveRun, curve, draw_learning_curves, lines, read_log
@@ -127,7 +128,9 @@ def test_the_monitor_probe_fits_separable_features_and_draws_no_random_numbers()
     assert chance < 0.6
 
 
-def test_zoo_curves_draws_the_logged_points(trained, cli_env: dict[str, str]) -> None:
+def test_zoo_curves_draws_the_logged_points(
+    trained, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     tmp, entries = trained
     cli_env["ROBUSTBENCH_NACL_ZOO"] = str(tmp / "zoo")
     board = tmp / "board"
@@ -152,17 +155,17 @@ def test_zoo_curves_draws_the_logged_points(trained, cli_env: dict[str, str]) ->
             for key in ("test_knn_acc", "train_probe_acc", "test_probe_acc"):
                 assert float(row[key]) == logged[key], (e.id, key)  # written exactly as logged
             assert row["train_loss"] == ("" if logged["epoch"] == 0 else repr(logged["train_loss"]))
-    # drawn again from the same logs: the same bytes
-    again = run_cli(
-        ["zoo", "curves", "--zoo", "t", "--out", str(tmp / "ckpts"), "--leaderboard", str(board)], cli_env
-    )
-    assert again.returncode == 0 and (board / PNG).read_bytes() == png
+    # drawn again from the same logs (in this process: the same command's main): the same bytes
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp / "zoo"))
+    curves = ["zoo", "curves", "--zoo", "t", "--leaderboard", str(board)]
+    assert cli_main([*curves, "--out", str(tmp / "ckpts")]) == 0
+    assert (board / PNG).read_bytes() == png
+    capsys.readouterr()
     # nothing trained under --out: one line, exit 2
-    none = run_cli(
-        ["zoo", "curves", "--zoo", "t", "--out", str(tmp / "empty"), "--leaderboard", str(board)], cli_env
-    )
-    assert none.returncode == 2 and len(none.stderr.strip().splitlines()) == 1
-    assert "none of the 2 entries asked for has a training log" in none.stderr
+    assert cli_main([*curves, "--out", str(tmp / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "none of the 2 entries asked for has a training log" in err
 
 
 def _run(label: str, seed: int, points: dict[int, float], field: str = "test_knn_acc") -> CurveRun:

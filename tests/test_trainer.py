@@ -344,8 +344,9 @@ def _first_epoch_s(out: Path) -> float | None:
 
 
 @pytest.mark.slow
-# dynacl: the adversarial engine (the attack's own generator) and a per-epoch schedule resume too
-@pytest.mark.parametrize(("loss", "dataset"), [("simclr", "digits"), ("dynacl", "digits:0-1")])
+# dynacl: the adversarial engine (the attack's own generator) and a per-epoch schedule resume too.
+# A SimCLR-family run killed three times at seeded points is tests/test_reliability_faults.py's.
+@pytest.mark.parametrize(("loss", "dataset"), [("dynacl", "digits:0-1")])
 def test_sigkill_then_resume_is_bit_identical(
     tmp_path: Path, cli_env: dict[str, str], loss: str, dataset: str
 ) -> None:
