@@ -247,10 +247,13 @@ def test_a_bad_input_is_one_line_in_a_real_process(tmp_path: Path, cli_env: dict
     assert "M must be >= 1" in res.stderr and not (tmp_path / "X").exists()
 
 
-def test_losses_json_lists_every_preset_with_params(cli_env: dict[str, str]) -> None:
-    res = run_cli(["losses", "--json"], cli_env)
-    assert res.returncode == 0
-    entries = json.loads(res.stdout)
+def test_losses_json_lists_every_preset_with_params(capsys: pytest.CaptureFixture[str]) -> None:
+    def losses(*args: str) -> str:
+        capsys.readouterr()
+        assert cli_main(["losses", *args]) == 0
+        return capsys.readouterr().out
+
+    entries = json.loads(losses("--json"))
     names = {e["name"] for e in entries}
     assert {"simclr", "intnacl", "arcl", "dacl_plus", "supervised", "var", "nca_mixnca"} <= names
     intnacl = next(e for e in entries if e["name"] == "intnacl")["params"]
@@ -261,8 +264,7 @@ def test_losses_json_lists_every_preset_with_params(cli_env: dict[str, str]) -> 
         1.0,
         "w_hat",
     )
-    shown = run_cli(["losses", "mixnca", "--set", "M=3", "--set", "lam=0.9", "--json"], cli_env)
-    p = json.loads(shown.stdout)[0]["params"]
+    p = json.loads(losses("mixnca", "--set", "M=3", "--set", "lam=0.9", "--json"))[0]["params"]
     assert (p["M"], p["lam"]) == (3, 0.9)
-    table = run_cli(["losses"], cli_env)
-    assert "MIXNCA" in table.stdout and "w_hat" in table.stdout
+    table = losses()
+    assert "MIXNCA" in table and "w_hat" in table
