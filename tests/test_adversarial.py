@@ -210,6 +210,17 @@ def _model(dual_bn: bool, seed: int = 0, head: str = "clae") -> ContrastiveModel
     return ContrastiveModel(enc, head).double()
 
 
+def _step_context(teacher: torch.nn.Module) -> StepContext:
+    """The trainer's context for one step at epoch 0 of 10; ``teacher``: DeACL's stage-1 encoder."""
+    return StepContext(
+        epoch=0,
+        epochs=10,
+        gen=torch.Generator().manual_seed(0),
+        values={"adv_weight": 1.0},
+        resources={"teacher": teacher},
+    )
+
+
 @pytest.mark.parametrize("preset", ["acl", "rocl", "dynacl", "deacl"])
 def test_objective_runs_and_updates_only_through_backward(preset: str) -> None:
     p = resolve(preset)
@@ -217,14 +228,7 @@ def test_objective_runs_and_updates_only_through_backward(preset: str) -> None:
     xs = [x.float() for x in _images(8)]
     obj = OBJECTIVES.get(p.objective)
     assert obj.contextual
-    teacher = _model(False, seed=1).encoder.float().eval()  # DeACL's stage-1 encoder
-    ctx = StepContext(
-        epoch=0,
-        epochs=10,
-        gen=torch.Generator().manual_seed(0),
-        values={"adv_weight": 1.0},
-        resources={"teacher": teacher},
-    )
+    ctx = _step_context(_model(False, seed=1).encoder.float().eval())
     loss, _ = obj.loss(model, xs, None, p, torch.Generator(), False, ctx=ctx)
     assert loss.dtype == torch.float32 and math.isfinite(loss.item())
     assert all(q.grad is None for q in model.parameters())
@@ -252,14 +256,7 @@ def test_each_presets_inner_attack_strictly_increases_the_loss_it_maximises(
     p = resolve(preset)
     model = _model(p.dual_bn, head=p.head)
     xs = _images(16)
-    teacher = _model(False, seed=1).encoder.eval()
-    ctx = StepContext(
-        epoch=0,
-        epochs=10,
-        gen=torch.Generator().manual_seed(0),
-        values={"adv_weight": 1.0},
-        resources={"teacher": teacher},
-    )
+    ctx = _step_context(_model(False, seed=1).encoder.eval())
     OBJECTIVES.get(p.objective).loss(model, xs, None, p, torch.Generator(), False, ctx=ctx)
     assert len(seen) == 1
     model, clean, loss_fn, attack, route, adv = seen[0]

@@ -21,14 +21,10 @@ from robustbench_nacl import cli as cli_module
 from robustbench_nacl.data import load_dataset, parse_spec
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval.evaluate import evaluate
-from robustbench_nacl.eval.probe import (
-    ProbeConfig,
-    feature_scaler,
-    fit_linear_probe,
-    fold_standardization,
-)
+from robustbench_nacl.eval.probe import ProbeConfig, fit_linear_probe, fold_standardization
 from robustbench_nacl.eval.sanity import PROBE_UNDERFIT_GAP, add_flags, check_probe_fit
 from robustbench_nacl.eval.settings import IdentityFields, Setting
+from robustbench_nacl.models.features import feature_scaler
 from robustbench_nacl.results.finetune import AlfConfig
 from robustbench_nacl.results.rows import protocol_id, protocol_name, row_id
 from robustbench_nacl.zoo import load_zoo

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..data import ImageData
 from ..errors import UserError
-from ..models.features import KNN_K, KNN_T, extract_features, knn_accuracy
+from ..models.features import KNN_K, KNN_T, extract_features, feature_scaler, knn_accuracy
 from ..utils import cpu_threads
 
 
@@ -102,9 +102,6 @@ class ProbeConfig:
 # were published: a default probe's identity stays what it was).
 OPTIONAL_FIELDS = ("standardize",)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ProbeConfig)}
-# A feature whose training-split std is below this is left unscaled (std 1, as scikit-learn's
-# StandardScaler does): dividing a dead unit by ~0 would give the folded head a huge weight there.
-STD_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -184,12 +181,6 @@ def fit_linear_probe(
         config=cfg.as_dict(),
     )
     return ProbedClassifier(encoder, head), result
-
-
-def feature_scaler(f: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-feature mean and scale of ``f`` (population std; 1 where the std is below ``STD_EPS``)."""
-    mean, std = f.mean(0), f.std(0, unbiased=False)
-    return mean, torch.where(std > STD_EPS, std, torch.ones_like(std))
 
 
 def _scaled(f: Tensor, scaler: tuple[Tensor, Tensor]) -> Tensor:

@@ -107,6 +107,18 @@ def knn_accuracy(
     return float((pred == query_y.to(pred.device)).float().mean())
 
 
+# A feature whose training-split std is below this is left unscaled (std 1, as scikit-learn's
+# StandardScaler does): dividing a dead unit by ~0 would give a head fitted on it a huge weight.
+STD_EPS = 1e-6
+
+
+def feature_scaler(f: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-feature mean and scale of ``f`` (population std; 1 where the std is below ``STD_EPS``):
+    the standardisation of the evaluation probe (``ProbeConfig.standardize``) and of the monitor's."""
+    mean, std = f.mean(0), f.std(0, unbiased=False)
+    return mean, torch.where(std > STD_EPS, std, torch.ones_like(std))
+
+
 #: The training monitor's quick linear probe: full-batch Adam at this learning rate for this many
 #: steps on standardised features, from zero weights: a fixed cost per monitored epoch, large enough
 #: that the curve follows the features rather than the probe's optimisation (tests/test_curves.py: it
@@ -135,20 +147,18 @@ def monitor_probe_accuracy(
     """
     dev = bank.device
     bank, query = bank.float(), query.to(dev).float()
-    mean, std = bank.mean(dim=0), bank.std(dim=0, unbiased=False).clamp_min(1e-6)
+    mean, scale = feature_scaler(bank)
     ones = torch.ones(len(bank), 1, device=dev)
-    fa = torch.cat([(bank - mean) / std, ones], dim=1)  # (N, d+1): the bias as a last column
-    qa = torch.cat([(query - mean) / std, torch.ones(len(query), 1, device=dev)], dim=1)
+    fa = torch.cat([(bank - mean) / scale, ones], dim=1)  # (N, d+1): the bias as a last column
+    qa = torch.cat([(query - mean) / scale, torch.ones(len(query), 1, device=dev)], dim=1)
     bank_y, query_y = bank_y.to(dev), query_y.to(dev)
     onehot = F.one_hot(bank_y, num_classes).float()
     wb = torch.zeros(num_classes, fa.shape[1], device=dev)  # a feature constant on train keeps weight 0
-    m, v = torch.zeros_like(wb), torch.zeros_like(wb)
-    b1, b2, eps = 0.9, 0.999, 1e-8
-    for step in range(1, steps + 1):
-        grad = (torch.softmax(fa @ wb.T, dim=1) - onehot).T @ fa / len(fa)
-        m.mul_(b1).add_(grad, alpha=1 - b1)
-        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        wb.addcdiv_(m, (v / (1 - b2**step)).sqrt_().add_(eps), value=-lr / (1 - b1**step))
+    opt = torch.optim.Adam([wb], lr=lr)
+    for _ in range(steps):
+        # the softmax-regression gradient in closed form (this function runs without autograd)
+        wb.grad = (torch.softmax(fa @ wb.T, dim=1) - onehot).T @ fa / len(fa)
+        opt.step()
     train_acc = float(((fa @ wb.T).argmax(dim=1) == bank_y).float().mean())
     test_acc = float(((qa @ wb.T).argmax(dim=1) == query_y).float().mean())
     return train_acc, test_acc
