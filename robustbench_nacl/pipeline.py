@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from .errors import UserError
 from .locks import advisory_lock
+from .results.finetune import PROTOCOLS
 from .zoo import ZooEntry, checkpoint_dir, expected_id, is_trained
 
 #: The probe's epochs when a manifest does not say (the evaluation's own default).
@@ -128,8 +129,10 @@ def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
     training seed, so the controls of a 3-seed zoo are three different random networks.
     """
     from .eval.probe import ProbeConfig
+    from .results.finetune import AffConfig, AlfConfig
 
     ev = entry.eval
+    lr = {"lr": float(ev["probe_lr"])} if ev.get("probe_lr") is not None else {}  # else ProbeConfig's
     return {
         "transfer": ev.get("transfer"),
         "shift": ev.get("shift"),
@@ -137,6 +140,8 @@ def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
         "severities": ev.get("severities"),
         "protocol": ev.get("protocol", "slf"),
         "suite": ev.get("suite", "paper"),
+        "setting_suites": ev.get("setting_suites"),
+        "finetune_settings": ev.get("finetune_settings"),
         "n_examples": ev.get("n_examples"),
         "seed": entry.seed,
         "probe": ProbeConfig(
@@ -144,7 +149,10 @@ def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
             seed=entry.seed,
             max_train=ev.get("probe_max_train"),
             standardize=ev.get("probe_standardize", False),
+            **lr,
         ),
+        "alf": AlfConfig(**ev.get("alf", {})),
+        "aff": AffConfig(**ev.get("aff", {})),
         "control": control,
     }
 
@@ -184,6 +192,24 @@ def with_protocol(entries: list[ZooEntry], protocol: str) -> list[ZooEntry]:
     if names == ["slf"]:
         return entries
     return [dataclasses.replace(e, eval={**e.eval, "protocol": ",".join(names)}) for e in entries]
+
+
+def by_protocol(entries: Iterable[ZooEntry]) -> list[ZooEntry]:
+    """Each entry once per protocol its manifest asks for (``eval.protocol``, default slf), with that
+    protocol alone, in the order of :data:`PROTOCOLS` (slf, alf, aff): a zoo run evaluates every
+    encoder's SLF rows before any encoder's ALF rows, so a budget that runs out cuts the least
+    important protocol (docs/decisions.md, 'Reference leaderboard')."""
+    import dataclasses
+
+    from .eval.finetune import parse_protocols
+
+    asked = [(e, parse_protocols(e.eval.get("protocol", "slf"))) for e in entries]
+    return [
+        dataclasses.replace(e, eval={**e.eval, "protocol": p})
+        for p in PROTOCOLS
+        for e, names in asked
+        if p in names
+    ]
 
 
 def control_id(entry: ZooEntry) -> str:
@@ -329,8 +355,9 @@ def run_entries(
     """
     stale = set_aside(superseded_rows(entries, out, controls), out)
     done = rows_done(out)
-    todo = [e for e in entries if not is_complete(e, done)]
-    ctl = [e for e in control_entries(entries) if controls and not is_complete(e, done, control=True)]
+    todo = [e for e in by_protocol(entries) if not is_complete(e, done)]
+    ctl = [e for e in by_protocol(control_entries(entries)) if not is_complete(e, done, control=True)]
+    ctl = ctl if controls else []
     need = {e.id: e for e in [*todo, *ctl]}
     t0 = time.perf_counter()
     pool = make_pool(workers, device)
@@ -342,11 +369,13 @@ def run_entries(
             run_jobs(pool, jobs, train_entry, f"train ({len(jobs)} of {len(entries)}, stage {n})", progress)
             train_jobs += jobs
         t_train = time.perf_counter() - t0
-        jobs = [(e, str(ckpts), str(out), device, False) for e in todo]
-        jobs += [(e, str(ckpts), str(out), device, True) for e in ctl]
+        jobs = []
+        for protocol in PROTOCOLS:  # every SLF job (entries, then controls) before any ALF job, ...
+            jobs += [(e, str(ckpts), str(out), device, False) for e in todo if e.eval["protocol"] == protocol]
+            jobs += [(e, str(ckpts), str(out), device, True) for e in ctl if e.eval["protocol"] == protocol]
         run_jobs(pool, jobs, eval_entry, f"evaluate ({len(jobs)} jobs)", progress)
     finally:
         if pool is not None:
             pool.shutdown()
-    skipped = len(entries) - len(todo)
+    skipped = len(entries) - len({e.id for e in todo})
     return ZooRun(len(train_jobs), len(jobs), skipped, t_train, time.perf_counter() - t0 - t_train, stale)

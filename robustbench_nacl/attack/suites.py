@@ -46,6 +46,8 @@ ENV_DIR = "ROBUSTBENCH_NACL_ATTACKS"
 REPO_SUITES_DIR = attacks_dir()  # the package's files/attacks (top-level attacks/ links to it)
 TOP_LEVEL_KEYS = ("attack", "name", "description")
 SPEC_KEYS = ("name", "norm", "eps")
+# a key every attack takes: run it on the first N examples only (an expensive attack's fixed subset)
+SUBSET = "subset"
 # Largest meaningful eps per threat model: an Linf ball of radius 1 already contains every image.
 EPS_MAX = {"Linf": 1.0, "L2": math.inf}
 _EPS_255 = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*/\s*255\s*$")
@@ -203,9 +205,21 @@ def _parse_spec(entry: Any, where: str) -> AttackSpec:
     if norm not in info["norms"]:
         raise UserError(f"{where}: does not support norm {norm}; it supports: {', '.join(info['norms'])}")
     eps = _parse_eps_list(entry.get("eps"), norm, where)
-    raw = {k: v for k, v in entry.items() if k not in SPEC_KEYS}
+    raw = {k: v for k, v in entry.items() if k not in (*SPEC_KEYS, SUBSET)}
     params = _parse_params(name, info, raw, where)
+    if SUBSET in entry:  # any attack: only the first N examples (kept in params: part of the rows' identity)
+        n = entry[SUBSET]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UserError(
+                f"{where}: subset must be a whole number >= 1 (the first N examples), got {short_repr(n)}"
+            )
+        params[SUBSET] = n
     return AttackSpec(name=name, norm=norm, eps=eps, params=params)
+
+
+def attack_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec's parameters as its attack takes them (``subset`` is the benchmark's, not the attack's)."""
+    return {k: v for k, v in params.items() if k != SUBSET}
 
 
 def _parse_eps_list(raw: Any, norm: str, where: str) -> tuple[float, ...]:
@@ -263,7 +277,7 @@ def _parse_params(name: str, info: Mapping[str, Any], raw: dict[str, Any], where
         }
     unknown = [k for k in raw if k not in accepted]
     if unknown:
-        allowed = ", ".join([*SPEC_KEYS, *accepted]) or "name, norm, eps"
+        allowed = ", ".join([*SPEC_KEYS, SUBSET, *accepted])
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {allowed}")
     params = dict(defaults)
     validators = info.get("params") or {}

@@ -48,6 +48,7 @@ _AS_GIVEN = (
     "batch_size",
     "data_root",
     "protocol",
+    "finetune_settings",
 )
 
 
@@ -68,6 +69,7 @@ def run_eval(args: argparse.Namespace) -> int:
         probe=ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
         alf=AlfConfig(**config_values(AlfConfig, args, prefix="alf-")),
         aff=AffConfig(**config_values(AffConfig, args, prefix="aff-")),
+        setting_suites=_setting_suites(args.setting_suite),
         **{name: getattr(args, name) for name in _AS_GIVEN},
     )
     _print_rows(rows)
@@ -80,6 +82,19 @@ def run_eval(args: argparse.Namespace) -> int:
         path = Path(args.out) / "cards" / f"{rows[0]['checkpoint_id']}.json"
         print(f"model card: {write_card(path, card_of_rows(rows))}")
     return 0
+
+
+def _setting_suites(pairs: list[str] | None) -> dict[str, str] | None:
+    """``--setting-suite corruption=quick`` (repeatable) -> ``{"corruption": "quick"}``."""
+    if not pairs:
+        return None
+    out = {}
+    for pair in pairs:
+        kind, sep, suite = pair.partition("=")
+        if not sep or not kind.strip() or not suite.strip():
+            raise UserError(f"--setting-suite {pair!r}: write KIND=SUITE, e.g. corruption=quick")
+        out[kind.strip()] = suite.strip()
+    return out
 
 
 def _eval_source(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -164,6 +179,14 @@ def eval_args(p: argparse.ArgumentParser) -> None:
         "--suite", default="paper", help="attack suite name (attacks/*.toml) or a path to a TOML file"
     )
     p.add_argument(
+        "--setting-suite",
+        action="append",
+        default=None,
+        metavar="KIND=SUITE",
+        help="run SUITE in the settings of one kind (in-domain, transfer, shift, corruption) instead of "
+        "--suite, e.g. corruption=quick (repeatable)",
+    )
+    p.add_argument(
         "--out",
         default=str(DEFAULT_RESULTS),
         help="output directory (rows land in OUT/rows; default: %(default)s)",
@@ -191,6 +214,13 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
     protocol_arg(p)
+    p.add_argument(
+        "--finetune-settings",
+        default=None,
+        metavar="KINDS",
+        help="the setting kinds ALF and AFF run on, e.g. in-domain,corruption (default: every setting; "
+        "each finetunes once per dataset)",
+    )
     from ..results.finetune import AffConfig, AlfConfig
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")

@@ -34,7 +34,7 @@ from ..attack import autoattack as aa_trace
 from ..attack.grad import model_device
 from ..attack.memory import halving_on_oom
 from ..attack.runner import attack_info, robust_under_attack
-from ..attack.suites import AttackSpec, Suite, load_suite
+from ..attack.suites import SUBSET, AttackSpec, Suite, attack_params, load_suite
 from ..errors import UserError
 from ..io import canonical_json
 from ..results.bits import encode_bits
@@ -138,31 +138,41 @@ class _Run:
     def n(self) -> int:
         return len(self.x)
 
-    def noise_acc(self, norm: str, eps: float) -> float:
-        """Fraction of all examples correct both clean and under random noise of size eps (cached)."""
-        if (norm, eps) not in self.noise:
+    def noise_acc(self, norm: str, eps: float, n: int | None = None) -> float:
+        """Fraction of the first ``n`` examples (all: None) correct both clean and under random noise
+        of size eps (cached)."""
+        n = self.n if n is None else n
+        if (norm, eps, n) not in self.noise:
             gen = _generator(self.device, derive_seed(self.seed, "noise", norm, eps))
-            idx = self.clean.nonzero().squeeze(1)
+            idx = self.clean[:n].nonzero().squeeze(1)
             acc = noise_accuracy(
                 self.model, self.x[idx], self.y[idx], eps, gen, norm=norm, batch_size=self.bs
             )
-            self.noise[(norm, eps)] = acc * len(idx) / self.n
-        return self.noise[(norm, eps)]
+            self.noise[(norm, eps, n)] = acc * len(idx) / n
+        return self.noise[(norm, eps, n)]
 
-    def row(self, **fields: Any) -> dict[str, Any]:
-        """A result row: ``fields`` (with a ``robust`` mask) plus the common fields and the noise baseline."""
+    def row(self, *, subset: int | None = None, **fields: Any) -> dict[str, Any]:
+        """A result row: ``fields`` (with a ``robust`` mask) plus the common fields and the noise
+        baseline. ``subset``: the row measured the first ``subset`` examples only, and every count and
+        accuracy in it is over those (the bits of the others are 0)."""
         robust: Tensor = fields.pop("robust")
         n_robust = int(robust.sum())
         head = {k: fields.pop(k) for k in ("attack", "attack_family", "norm", "eps")}
+        n = self.n if subset is None else subset
+        own = {}
+        if subset is not None:
+            n_clean = int(self.clean[:n].sum())
+            own = {"subset": n, "n_examples": n, "n_clean_correct": n_clean, "clean_acc": n_clean / n}
         return {
             **head,
             "eps_label": eps_label(head["eps"]),
             **fields,
             **self.common,
-            "robust_acc": n_robust / self.n,
+            **own,
+            "robust_acc": n_robust / n,
             "n_robust": n_robust,
             "robust_bits": encode_bits(robust),
-            "sanity_noise_acc": self.noise_acc(head["norm"], head["eps"]),
+            "sanity_noise_acc": self.noise_acc(head["norm"], head["eps"], None if subset is None else n),
         }
 
 
@@ -170,10 +180,14 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
     """Rows of one attack spec, in increasing eps, and the robust mask of each."""
     info = attack_info(spec.name)
     params = dict(spec.params)
-    run_params = {**params, **({"num_classes": run.width} if info.get("needs_num_classes") else {})}
+    own = attack_params(params)  # what the attack takes (without the benchmark's subset)
+    run_params = {**own, **({"num_classes": run.width} if info.get("needs_num_classes") else {})}
     eps = sorted(spec.eps)
     gens = [_generator(run.device, derive_seed(run.seed, spec.name, spec.norm, params, e)) for e in eps]
     todo = run.clean.nonzero().squeeze(1)
+    subset = min(params[SUBSET], run.n) if SUBSET in params else None
+    if subset is not None:  # a fixed subset: the first examples, so every encoder faces the same ones
+        todo = todo[todo < subset]
     run.progress.set_postfix_str(f"{spec.name} {spec.norm}")
 
     def attempt(bs: int) -> tuple[tuple[Tensor, list[float]], dict]:
@@ -189,7 +203,7 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
     # only when memory forced a smaller batch: rows of a run that fitted stay as they were
     smaller = {"attack_batch_size": batch} if batch != run.bs else {}
     describe = info.get("describe")
-    shown = {**params, **(describe(params, run.width) if describe else {})}
+    shown = {**params, **(describe(own, run.width) if describe else {})}
     rows, masks = [], []
     for k, e in enumerate(eps):
         robust = torch.zeros(run.n, dtype=torch.bool, device=run.device)
@@ -202,6 +216,7 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
                 eps=e,
                 params=shown,
                 robust=robust,
+                subset=subset,
                 n_attacked=int(todo.numel()),
                 wall_s=seconds[k],
                 **smaller,
@@ -212,7 +227,11 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
                 ),
             )
         )
-        masks.append(robust)
+        # the worst case: an example outside the subset was not attacked here, so this spec
+        # leaves it as the other attacks decide; inside it, a success counts like any other
+        masks.append(
+            robust if subset is None else robust | (torch.arange(run.n, device=run.device) >= subset)
+        )
         run.progress.update()
     return rows, masks
 

@@ -3,7 +3,7 @@ attack, output, plus the seed and device), and its construction from ``evaluate`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,8 @@ class ProbeOptions:
     alf: AlfConfig | None = None
     aff: AffConfig | None = None
     heads: str | Path | None = None  # a folder of fitted linear heads to reuse (SLF)
+    # the setting kinds ALF/AFF run on ("in-domain,corruption"); None: every setting, as SLF
+    finetune_settings: str | Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class AttackOptions:
 
     suite: str | Path | dict[str, Any] | Suite = "paper"
     batch_size: int | None = None
+    # a suite per setting kind ({"corruption": "fgsm-headline"}); a kind not named runs ``suite``
+    setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,13 +126,15 @@ class EvalConfig:
         protocol: str | Sequence[str] = "slf",
         alf: AlfConfig | None = None,
         aff: AffConfig | None = None,
+        setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
+        finetune_settings: str | Sequence[str] | None = None,
     ) -> EvalConfig:
         """The configuration ``evaluate``'s keyword form describes (one keyword per field)."""
         return cls(
             data=DataOptions(dataset, transfer, shift, corruptions, severities, n_examples, data_root),
             source=SourceOptions(arch, fmt, normalize, name, control),
-            probe=ProbeOptions(probe, protocol, alf, aff, heads),
-            attack=AttackOptions(suite, batch_size),
+            probe=ProbeOptions(probe, protocol, alf, aff, heads, finetune_settings),
+            attack=AttackOptions(suite, batch_size, setting_suites),
             output=OutputOptions(out, force, save_heads, progress),
             seed=seed,
             device=device,

@@ -14,13 +14,13 @@ fields of rows), settings.py (settings and row identities) and runner.py (the pe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from ..attack.suites import Suite, load_suite
+from ..attack.suites import Suite
 from ..data import DatasetSpec, parse_spec
 from ..data.corruptions import parse_corruptions, parse_severities
 from ..errors import UserError
@@ -32,7 +32,15 @@ from .config import EvalConfig
 from .probe import ProbeConfig
 from .recipe import checkpoint_fields
 from .runner import Job, rewrite_vanished, run_protocol
-from .settings import expected_identities, finetune_configs, identity_fields, settings_for
+from .settings import (
+    expected_identities,
+    finetune_configs,
+    identity_fields,
+    load_suites,
+    parse_setting_kinds,
+    protocol_settings,
+    settings_for,
+)
 from .source import IN_MEMORY, CheckpointInfo, load_source
 
 __all__ = ["Evaluation", "evaluate", "planned_identities"]
@@ -77,6 +85,8 @@ def evaluate(
     protocol: str | Sequence[str] = "slf",
     alf: AlfConfig | None = None,
     aff: AffConfig | None = None,
+    setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
+    finetune_settings: str | Sequence[str] | None = None,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -94,14 +104,18 @@ def evaluate(
     (eval/heads.py): a setting whose head is there is attacked with it instead of refitting the
     probe; ``save_heads`` writes each fitted head to ``out/heads/``. ``protocol``: ``slf`` (the
     linear probe), ``alf``, ``aff`` or a comma list of them (eval/finetune.py; ``alf``/``aff`` hold
-    their settings); rows of each protocol are separate.
+    their settings); rows of each protocol are separate. ``setting_suites`` gives a setting kind
+    (``transfer``, ``shift``, ``corruption``, ``in-domain``) its own suite, e.g. a short one for the
+    many corruption settings; ``finetune_settings`` restricts ALF/AFF to some kinds (e.g.
+    ``"in-domain,corruption"``: one finetuning per encoder).
     """
     keywords = EvalConfig.from_keywords(
         dataset=dataset, transfer=transfer, shift=shift, corruptions=corruptions, severities=severities,
         suite=suite, out=out, n_examples=n_examples, seed=seed, device=device, probe=probe, arch=arch,
         fmt=fmt, normalize=normalize, control=control, force=force, batch_size=batch_size,
         data_root=data_root, progress=progress, name=name, heads=heads, save_heads=save_heads,
-        protocol=protocol, alf=alf, aff=aff,
+        protocol=protocol, alf=alf, aff=aff, setting_suites=setting_suites,
+        finetune_settings=finetune_settings,
     )  # fmt: skip
     if config is not None and keywords != EvalConfig():
         raise UserError("evaluate(): pass either config= or keyword arguments, not both")
@@ -115,7 +129,8 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
     configs = finetune_configs(probing.protocol, probing.alf, probing.aff)
     refuse_reference_dir(output.out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(cfg.device)
-    loaded_suite = load_suite(cfg.attack.suite)
+    loaded_suite, suites = load_suites(cfg.attack.suite, cfg.attack.setting_suites)
+    kinds = parse_setting_kinds(probing.finetune_settings, "finetune settings")
     parse_corruptions(data.corruptions)  # type: ignore[arg-type]  # names are checked before any loading
     parse_severities(data.severities)  # type: ignore[arg-type]
     encoder, info = load_source(
@@ -142,11 +157,12 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
     out = Path(output.out)
     for finetune in configs:  # one pass per protocol: SLF's identities carry no finetune field
         job = Job(
-            encoder, loaded_suite, base, fields.for_protocol(finetune), out, cfg.attack.batch_size, dev,
+            encoder, suites, base, fields.for_protocol(finetune), out, cfg.attack.batch_size, dev,
             output.progress, heads=Path(probing.heads) if probing.heads else None,
             save_heads=output.save_heads, finetune=finetune,
         )  # fmt: skip
-        rows, n = run_protocol(job, settings, force=output.force, data_root=data.data_root)
+        run = protocol_settings(settings, finetune, kinds)
+        rows, n = run_protocol(job, run, force=output.force, data_root=data.data_root)
         all_rows += rows
         computed += n
     rewrite_vanished(out, all_rows)
@@ -168,6 +184,8 @@ def planned_identities(
     protocol: str | Sequence[str] = "slf",
     alf: AlfConfig | None = None,
     aff: AffConfig | None = None,
+    setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
+    finetune_settings: str | Sequence[str] | None = None,
     **_: Any,
 ) -> list[dict[str, Any]]:
     """Identities of every row ``evaluate(checkpoint, dataset=dataset, **kwargs)`` writes, computed
@@ -176,13 +194,15 @@ def planned_identities(
     Takes evaluate's own keyword arguments (those that do not enter a row's identity are ignored), so a
     caller that evaluates with a dict of arguments checks completeness with the very same dict.
     """
-    loaded = load_suite(suite)
+    loaded, suites = load_suites(suite, setting_suites)
+    kinds = parse_setting_kinds(finetune_settings, "finetune settings")
     fields = identity_fields(loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe)
     settings = settings_for(dataset, transfer, shift, corruptions, severities)
     out = []
     for cfg in finetune_configs(protocol, alf, aff):  # as evaluate does: SLF has no finetune field
         pfields = fields.for_protocol(cfg)
-        out += [i for s in settings for i in expected_identities(s, loaded, pfields)]
+        for s in protocol_settings(settings, cfg, kinds):
+            out += expected_identities(s, suites[s.name], pfields.for_suite(suites[s.name]))
     return out
 
 

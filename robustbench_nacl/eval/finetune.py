@@ -339,12 +339,14 @@ def fit_protocol(
     """Run ALF or AFF for ``evaluate``: (attacked classifier, clean metrics, row fields).
 
     ``encoder`` is the evaluation's private copy. The probe's ``seed`` and ``max_train`` apply (head
-    initialisation, training subset); its epochs/lr are SLF's and unused here. AFF's weights are
+    initialisation, training subset; ``cfg.max_train``, when set, instead); its epochs/lr are SLF's
+    and unused here. AFF's weights are
     written content-addressed under ``out/finetuned/`` and their sha256 is a row field.
     """
     seed = 0 if probe.seed is None else probe.seed
-    if probe.max_train is not None:
-        train = dataclasses.replace(train, x=train.x[: probe.max_train], y=train.y[: probe.max_train])
+    n = cfg.max_train if cfg.max_train is not None else probe.max_train
+    if n is not None:
+        train = dataclasses.replace(train, x=train.x[:n], y=train.y[:n])
     state = out / STATE_DIR / f"{key}.pt"
     if isinstance(cfg, AlfConfig):
         head = train_alf_head(encoder, train, cfg, seed=seed, state_path=state, progress=progress)

@@ -39,7 +39,7 @@ class Job:
     """Everything the rows of one evaluation under one protocol share."""
 
     encoder: nn.Module
-    suite: Suite
+    suites: dict[str, Suite]  # setting kind -> the suite its rows run (settings.load_suites)
     base: dict[str, Any]  # checkpoint and recipe fields of every row
     ident: IdentityFields  # identity fields shared by every row
     out: Path
@@ -51,6 +51,11 @@ class Job:
     heads: Path | None = None  # a folder of fitted heads to reuse (published models ship theirs)
     save_heads: bool = False  # write each fitted head to out/heads/
     finetune: FinetuneConfig | None = None  # ALF/AFF; None: SLF
+
+    def suite_of(self, setting: Setting) -> tuple[Suite, IdentityFields]:
+        """The suite a setting runs and its rows' identity fields."""
+        suite = self.suites[setting.name]
+        return suite, self.ident.for_suite(suite)
 
 
 def run_protocol(
@@ -90,7 +95,7 @@ def rewrite_vanished(out: Path, rows: list[ResultRow]) -> None:
 
 def _existing(job: Job, setting: Setting, force: bool) -> tuple[list[str], dict[str, ResultRow]]:
     """The row ids a setting produces, and those of them already on disk, complete and valid."""
-    ids = [results.row_id(i) for i in expected_identities(setting, job.suite, job.ident)]
+    ids = [results.row_id(i) for i in expected_identities(setting, *job.suite_of(setting))]
     if force:
         return ids, {}
     done = {r: results.read_valid_row(results.row_path(job.out, r), r) for r in ids}
@@ -136,11 +141,12 @@ def _run_setting(
         x_test = corrupt(x_test, setting.corruption, int(setting.severity or 1), seed)
     classifier, probe_result, finetuned = _fit(job, setting, train, test)
     probe_s = time.perf_counter() - t0
+    suite, _ = job.suite_of(setting)
     measured = benchmark(
         classifier,
         x_test.float().div(255),
         y_test,
-        job.suite,
+        suite,
         seed=job.ident.seed,
         batch_size=job.batch_size,
         num_classes=train.num_classes,
@@ -235,7 +241,8 @@ def _probe(job: Job, setting: Setting, train: ImageData, test: ImageData) -> tup
 
 def _make_row(job: Job, setting: Setting, r: dict[str, Any], shared: dict[str, Any]) -> ResultRow:
     """One benchmark row plus the checkpoint, setting, probe and protocol fields, with its ids."""
-    params = {} if r["attack"] == WORST_CASE else _spec_params(job.suite, r)
+    suite, ident = job.suite_of(setting)
+    params = {} if r["attack"] == WORST_CASE else _spec_params(suite, r)
     row = {
         **job.base,
         "setting": setting.name,
@@ -247,12 +254,12 @@ def _make_row(job: Job, setting: Setting, r: dict[str, Any], shared: dict[str, A
         "attack_params": params,
         "attack_config": r.get("params", {}),
         "seed": job.ident.seed,
-        "suite_sha256": job.suite.sha256,
+        "suite_sha256": suite.sha256,
         "n_examples": job.ident.n_examples,  # requested; None = every test example
         "n_examples_evaluated": r["n_examples"],
         "n_examples_requested": job.ident.n_examples,
         "probe_config": job.ident.probe.as_dict(),
-        "attack_versions": job.ident.attack_versions,
+        "attack_versions": ident.attack_versions,
         **shared,
     }
     return ResultRow.from_json(results.stamp_ids(row))

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import plugins
 from ..attack.base import ATTACKS
-from ..attack.suites import Suite
+from ..attack.suites import Suite, load_suite
 from ..data import DatasetSpec, parse_spec
 from ..data.corruptions import parse_corruptions, parse_severities
 from ..errors import UserError
@@ -23,6 +23,7 @@ from .finetune import parse_protocols
 from .probe import ProbeConfig
 
 __all__ = [
+    "SETTING_KINDS",
     "SHIFT_NAMES",
     "IdentityFields",
     "Setting",
@@ -31,11 +32,16 @@ __all__ = [
     "expected_identities",
     "finetune_configs",
     "identity_fields",
+    "load_suites",
+    "parse_setting_kinds",
+    "protocol_settings",
     "settings_for",
     "transfer_default",
 ]
 
 SHIFT_NAMES = ("grayscale", "crop", "flip", "jitter", "grayscale+jitter")
+#: the kinds of setting an evaluation has (``Setting.name``)
+SETTING_KINDS = ("in-domain", "transfer", "shift", "corruption")
 # Attacks implemented by another package: its version is part of the protocol.
 ATTACK_PACKAGES = {"autoattack": "pyautoattack"}
 
@@ -116,6 +122,43 @@ def corruption_settings(
     return [Setting("corruption", base, corruption=c, severity=s) for c in names for s in levels]
 
 
+def parse_setting_kinds(text: str | Iterable[str] | None, what: str) -> tuple[str, ...] | None:
+    """``"in-domain,corruption"`` -> ``("in-domain", "corruption")``; None stays None (every kind);
+    a kind that does not exist is a one-line UserError naming ``what`` was being read."""
+    if text is None:
+        return None
+    names = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
+    bad = [n for n in names if n not in SETTING_KINDS]
+    if bad or not names:
+        raise UserError(
+            f"{what} {','.join(bad) or text!r}: choose from {', '.join(SETTING_KINDS)}, comma-separated"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def protocol_settings(
+    settings: list[Setting], finetune: FinetuneConfig | None, kinds: tuple[str, ...] | None
+) -> list[Setting]:
+    """The settings a protocol runs: SLF every one; ALF and AFF those of ``kinds`` (None: every one).
+
+    A finetuning protocol trains a classifier per dataset (ALF a head, AFF the whole encoder), so a
+    budgeted evaluation may restrict it to the in-domain data, whose classifier the corruption
+    settings reuse at no extra training cost."""
+    if finetune is None or kinds is None:
+        return settings
+    return [s for s in settings if s.name in kinds]
+
+
+def load_suites(suite: str | Any, setting_suites: dict[str, Any] | None) -> tuple[Suite, dict[str, Suite]]:
+    """The evaluation's suite, and the suite of each setting kind: the one ``setting_suites`` names
+    for it, else ``suite`` (an unknown kind or suite is a one-line UserError before any work)."""
+    main = load_suite(suite)
+    named = dict(setting_suites or {})
+    if named:
+        parse_setting_kinds(list(named), "setting suite for")
+    return main, {k: load_suite(named[k]) if k in named else main for k in SETTING_KINDS}
+
+
 def finetune_configs(
     protocol: str | Sequence[str], alf: AlfConfig | None, aff: AffConfig | None
 ) -> list[FinetuneConfig | None]:
@@ -166,6 +209,11 @@ class IdentityFields:
     def for_protocol(self, cfg: FinetuneConfig | None) -> IdentityFields:
         """These fields under a protocol (SLF, None, has no finetune field)."""
         return dataclasses.replace(self, finetune=cfg.identity() if cfg is not None else None)
+
+    def for_suite(self, suite: Suite) -> IdentityFields:
+        """These fields for the rows of ``suite`` (a setting kind may run its own suite: the versions
+        of the code behind its attacks are its rows', not the evaluation's other suites')."""
+        return dataclasses.replace(self, attack_versions=attack_versions(suite))
 
     def row(
         self, setting: Setting, suite: Suite, *, attack: str, norm: str, params: dict[str, Any], eps: float

@@ -28,6 +28,8 @@ class AlfConfig:
     eps: float = 8 / 255  # Linf training budget in [0,1] pixel units (test_LF.py --epsilon 8/255)
     step_size: float | None = None  # PGD step; None: eps / 4 (2/255 at 8/255, test_LF.py --step-size)
     steps: int = 10  # PGD steps of the training attack (test_LF.py --num-steps-train 10)
+    # train on the first N training images; None: the probe's max_train (a budgeted run's own subset)
+    max_train: int | None = None
 
     protocol = "alf"
 
@@ -37,7 +39,7 @@ class AlfConfig:
 
     def identity(self) -> dict[str, Any]:
         """What enters the rows' identity: every setting, the step size resolved."""
-        return {"protocol": self.protocol, **asdict(self), "step_size": resolved_step(self)}
+        return _identity(self)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class AffConfig:
     step_size: float | None = None  # inner step; None: eps / 4 (2/255 at 8/255, test_AFF.py --step-size)
     steps: int = 10  # inner maximisation steps (test_AFF.py --num-steps-train 10)
     beta: float = 6.0  # TRADES weight of the KL term (test_AFF.py --beta 6.0)
+    # train on the first N training images; None: the probe's max_train (a budgeted run's own subset)
+    max_train: int | None = None
 
     protocol = "aff"
 
@@ -66,10 +70,19 @@ class AffConfig:
 
     def identity(self) -> dict[str, Any]:
         """What enters the rows' identity: every setting, the step size resolved."""
-        return {"protocol": self.protocol, **asdict(self), "step_size": resolved_step(self)}
+        return _identity(self)
 
 
 FinetuneConfig = AlfConfig | AffConfig
+
+
+def _identity(cfg: FinetuneConfig) -> dict[str, Any]:
+    """Every setting, the step size resolved; ``max_train`` only when set, so that rows measured
+    before it existed keep their ids."""
+    out = {"protocol": cfg.protocol, **asdict(cfg), "step_size": resolved_step(cfg)}
+    if cfg.max_train is None:
+        del out["max_train"]
+    return out
 
 
 def _check_common(cfg: FinetuneConfig) -> None:
@@ -86,6 +99,9 @@ def _check_common(cfg: FinetuneConfig) -> None:
         v = getattr(cfg, k)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise UserError(f"{name} {k.replace('_', '-')} {v!r}: must be a finite number >= 0")
+    mt = cfg.max_train
+    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+        raise UserError(f"{name} max-train {mt!r}: must be an integer >= 1 (or unset)")
     if cfg.step_size is not None and not (math.isfinite(cfg.step_size) and cfg.step_size > 0):
         raise UserError(f"{name} step-size {cfg.step_size!r}: must be a finite number > 0 (or unset)")
     milestones(cfg)

@@ -11,7 +11,6 @@ sha256 checks and ``generated`` the shipped zoos made from the presets.
 
 from .entry import RECIPE_KEYS, ZooEntry, checkpoint_dir, expected_id, is_trained, teacher_dir
 from .generated import (
-    FMNIST_PRESETS,
     GENERATED_ZOOS,
     TEACHER_PRESET,
     demo_zoo,
@@ -39,7 +38,6 @@ from .verify import VerifyReport, verify_entries, verify_entry
 
 __all__ = [
     "EVAL_KEYS",
-    "FMNIST_PRESETS",
     "GENERATED_ZOOS",
     "RECIPE_KEYS",
     "TEACHER_PRESET",

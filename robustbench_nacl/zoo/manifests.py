@@ -29,7 +29,22 @@ EVAL_KEYS = {
     "probe_epochs": (int, type(None)),
     "probe_max_train": (int, type(None)),
     "probe_standardize": bool,  # ProbeConfig.standardize (docs/decisions.md, 'Linear probe')
+    "probe_lr": (int, float, type(None)),  # ProbeConfig.lr
+    "protocol": str,  # slf | alf | aff or a comma list (docs/decisions.md, 'Finetuning protocols')
+    "finetune_settings": (str, type(None)),  # the setting kinds ALF/AFF run on; None: every one
+    "setting_suites": dict,  # {setting kind: suite}: a kind's own suite (e.g. a short one for corruptions)
+    "alf": dict,  # AlfConfig fields that differ from the literature defaults (e.g. max_train)
+    "aff": dict,  # AffConfig fields, likewise
 }
+
+
+def _finetune_fields(protocol: str) -> list[str]:
+    """The settings of a finetuning protocol (AlfConfig / AffConfig fields)."""
+    import dataclasses
+
+    from ..results.finetune import AffConfig, AlfConfig
+
+    return [f.name for f in dataclasses.fields(AlfConfig if protocol == "alf" else AffConfig)]
 
 
 def zoo_root(root: str | Path | None = None) -> Path:
@@ -91,6 +106,16 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
             raise bad(f"eval.{k} has the wrong type")
     if data["recipe"].get("epochs", 1) < 1 or data["recipe"].get("batch_size", 2) < 2:
         raise bad("recipe.epochs must be >= 1 and recipe.batch_size >= 2")
+    lr = data.get("eval", {}).get("probe_lr")
+    if lr is not None and (isinstance(lr, bool) or not lr > 0):
+        raise bad("eval.probe_lr must be a number > 0")
+    if not all(isinstance(v, str) for v in data.get("eval", {}).get("setting_suites", {}).values()):
+        raise bad("eval.setting_suites must map setting kinds to suite names")
+    for proto in ("alf", "aff"):
+        fields = _finetune_fields(proto)
+        unknown = [k for k in data.get("eval", {}).get(proto, {}) if k not in fields]
+        if unknown:
+            raise bad(f"unknown eval.{proto} field {unknown[0]!r}; valid: {', '.join(fields)}")
     for where, key in (("recipe", "max_train"), ("eval", "probe_epochs"), ("eval", "probe_max_train")):
         value = data.get(where, {}).get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
