@@ -306,3 +306,31 @@ def test_torchattacks_by_name_through_benchmark(model, data) -> None:
     cw = attack_rows(rows, "torchattacks.CW", "L2")[0]
     assert cw["robust_acc"] <= cw["clean_acc"]
     assert all(r["sanity_ok"] for r in rows), [r["sanity_failed"] for r in rows]
+
+
+def test_a_subset_attack_measures_the_first_examples_and_counts_in_the_worst_case(model, data) -> None:
+    x, y = data
+    pgd = {"name": "pgd", "norm": "Linf", "eps": [0.1], "steps": 5, "step_size": 0.05}
+    full = {"attack": [{"name": "fgsm", "norm": "Linf", "eps": [0.1]}, pgd]}
+    part = {"attack": [{"name": "fgsm", "norm": "Linf", "eps": [0.1]}, {**pgd, "subset": 100}]}
+    b = benchmark(model, x, y, part, seed=0, batch_size=64, progress=False)
+    first = benchmark(model, x[:100], y[:100], part, seed=0, batch_size=64, progress=False)
+    n = len(x)
+    pgd_b, pgd_first = (next(r for r in rows if r["attack"] == "pgd") for rows in (b, first))
+    assert pgd_b["params"]["subset"] == 100
+    assert load_suite(part).sha256 != load_suite(full).sha256  # the subset is part of the protocol
+    # the row is the attack on the first 100 examples alone: their outcomes, none beyond
+    bits_b, bits_first = decode_bits(pgd_b["robust_bits"], n), decode_bits(pgd_first["robust_bits"], 100)
+    assert (bits_b[:100] == bits_first).all() and not bits_b[100:].any() and bits_first.any()
+    clean = decode_bits(pgd_b["clean_bits"], n)
+    assert pgd_b["n_examples"] == 100 and pgd_b["clean_acc"] == clean[:100].mean() == pgd_first["clean_acc"]
+    assert pgd_b["robust_acc"] == pgd_first["robust_acc"] == bits_first.sum() / 100 and pgd_b["sanity_ok"]
+    assert pgd_b["n_attacked"] == clean[:100].sum()
+    # the worst case: the subset's successes count, the other examples are left to the other attacks
+    fgsm = decode_bits(next(r for r in b if r["attack"] == "fgsm")["robust_bits"], n)
+    worst = decode_bits(next(r for r in b if r["attack"] == WORST_CASE)["robust_bits"], n)
+    assert (worst[:100] == (fgsm[:100] & bits_first)).all() and (worst[100:] == fgsm[100:]).all()
+    assert (worst[:100] != fgsm[:100]).any()  # PGD broke examples FGSM did not: the case is exercised
+    for bad in (0, True, 2.5):
+        with pytest.raises(UserError, match="subset must be a whole number >= 1"):
+            load_suite({"attack": [{**pgd, "subset": bad}]})

