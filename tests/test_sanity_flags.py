@@ -316,3 +316,22 @@ def test_an_underfit_probe_is_the_only_thing_flagged_and_standardising_fits_it(e
     assert short[0]["knn_acc"] == fitted[0]["knn_acc"]  # kNN on the raw features either way
     assert fitted[0]["probe_config"]["standardize"] is True and "standardize" not in short[0]["probe_config"]
     assert short[0]["protocol_id"] != fitted[0]["protocol_id"]
+
+
+def test_the_board_shows_how_far_autoattack_went_below_its_apgd_attacks(evaluated, tmp_path: Path) -> None:
+    """A gradient-masking encoder: Square finds what APGD cannot, and the leaderboard's in-domain
+    table says by how much (the row's own component counts, not a re-computation)."""
+    from robustbench_nacl.report.leaderboard import render_leaderboard
+    from robustbench_nacl.report.metrics import aa_gap
+
+    rows = evaluated("quantising", "aa")
+    row = next(r for r in rows if r["attack"] == "autoattack")
+    gap = aa_gap(row)
+    assert gap == row["aa_robust_acc_after_apgd_ce"] - row["robust_acc"] and gap > 0
+    assert aa_gap({**row, "aa_components": "apgd-ce,apgd-t"}) is None  # APGD alone: nothing on top
+    assert all(aa_gap(r) is None for r in rows if r["attack"] != "autoattack")
+    page = render_leaderboard(list(rows), tmp_path)["LEADERBOARD.md"].read_text()
+    table = page.split("## In-domain", 1)[1]
+    header, _, cells = (x for x in table.splitlines() if x.startswith("|"))  # one entry: one line
+    col = [c.strip() for c in header.strip("|").split("|")].index(f"AutoAttack below APGD@{AA_EPS:g}")
+    assert [c.strip() for c in cells.strip("|").split("|")][col].startswith(f"{100 * gap:.1f}")

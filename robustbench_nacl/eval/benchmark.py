@@ -160,9 +160,11 @@ class _Run:
         head = {k: fields.pop(k) for k in ("attack", "attack_family", "norm", "eps")}
         n = self.n if subset is None else subset
         own = {}
-        if subset is not None:
+        if subset is not None:  # a row of the first n examples: its bits are n long, like its counts
             n_clean = int(self.clean[:n].sum())
             own = {"subset": n, "n_examples": n, "n_clean_correct": n_clean, "clean_acc": n_clean / n}
+            own["clean_bits"] = encode_bits(self.clean[:n])
+            robust = robust[:n]
         return {
             **head,
             "eps_label": eps_label(head["eps"]),
@@ -221,7 +223,7 @@ def _spec_rows(run: _Run, spec: AttackSpec) -> tuple[list[dict[str, Any]], list[
                 wall_s=seconds[k],
                 **smaller,
                 **(
-                    aa_trace.component_fields(components[e], todo, run.n, encode_bits)
+                    aa_trace.component_fields(components[e], todo, subset or run.n, encode_bits)
                     if e in components
                     else {}
                 ),

@@ -23,7 +23,7 @@ from ..errors import UserError
 from ..results.eps import eps_label
 from ..results.rows import KEY_PARAMS, SETTINGS, ResultRow
 from .fmt import MISSING
-from .metrics import MetricKey, Run, metric_key, metric_name, n_examples, run_of
+from .metrics import MetricKey, Run, aa_gap, metric_key, metric_name, n_examples, run_of
 from .stats import Stat
 
 HEADLINE_EPS = 0.002
@@ -83,6 +83,8 @@ class Entry:
     # metric -> run -> accuracy, and -> run -> per-example outcomes (base64, see eval.benchmark)
     values: dict[str, dict[Run, float]] = field(default_factory=dict)
     bits: dict[str, dict[Run, str]] = field(default_factory=dict)
+    # eps -> how far AutoAttack's FAB-T and Square took accuracy below its APGD attacks (metrics.aa_gap)
+    aa_gap: dict[float, Stat] = field(default_factory=dict)
     rank: int = 0
     uid: str = field(init=False)
 
@@ -205,7 +207,12 @@ def _entry(recipe: Recipe, pid: str, rows: list[ResultRow]) -> Entry:
     runs = sorted(values["clean"], key=str)
     n = min(n_examples(r) for r in rows)
     stats = {name: Stat.of((v[run] for run in runs if run in v), n) for name, v in values.items()}
-    return Entry(recipe, pid, rows[0].protocol, rows, stats, runs, dict(values), dict(bits))
+    gaps: dict[float, list[float]] = defaultdict(list)
+    for r in rows:
+        if (g := aa_gap(r)) is not None:
+            gaps[metric_key(r)[2]].append(g)
+    gap = {eps: Stat.of(v, n) for eps, v in gaps.items()}
+    return Entry(recipe, pid, rows[0].protocol, rows, stats, runs, dict(values), dict(bits), gap)
 
 
 # ============ what differs between recipes of one family ============

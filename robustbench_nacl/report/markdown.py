@@ -119,6 +119,20 @@ def _ranked_cells(
     return line + [fmt_with_n(e.stat(m), n) for _, m in headline]
 
 
+def _gap_eps(group: list[Entry]) -> list[float]:
+    """The eps at which an entry of the table has AutoAttack rows with FAB-T or Square (Entry.aa_gap)."""
+    return sorted({eps for e in group for eps in e.aa_gap})
+
+
+def _gap_heads(eps: list[float]) -> list[str]:
+    return [f"AutoAttack below APGD@{e:g}" for e in eps]
+
+
+def _gap_cells(e: Entry, eps: list[float]) -> list[str]:
+    """Points by which AutoAttack's FAB-T and Square lowered accuracy below its APGD attacks."""
+    return [fmt_with_n(e.aa_gap[x], len(e.runs)) if x in e.aa_gap else MISSING for x in eps]
+
+
 def _no_p_note(ctx: Context, table: Table) -> list[str]:
     # a footnote where some Δ of this table has no p-value for want of per-example outcomes
     ids = {e.uid for e in table.entries}
@@ -139,10 +153,11 @@ def _table_in_domain(ctx: Context, table: Table) -> list[str]:
     differs = _show_differs(group)
     metric, headline = table.rank_metric, _headline_cols(ctx, table)
     to_targets = [f"→ {t} clean / {table.rank_label}" for t in targets]
-    heads, align = _ranked_heads(ctx, table, differs, headline, to_targets)
+    gaps = _gap_eps(group)
+    heads, align = _ranked_heads(ctx, table, differs, headline, [*_gap_heads(gaps), *to_targets])
     body = []
     for e in group:
-        line = _ranked_cells(ctx, table, e, differs, headline)
+        line = [*_ranked_cells(ctx, table, e, differs, headline), *_gap_cells(e, gaps)]
         for t in targets:
             te = ctx.partner(e, "transfer", t)
             line.append(" / ".join(pct(te.stat(m).mean) for m in ("clean", metric)) if te else MISSING)
@@ -157,8 +172,11 @@ def _table_transfer(ctx: Context, table: Table) -> list[str]:
     sources = join(e.recipe.pretrain_dataset for e in group)
     differs = _show_differs(group)
     headline = _headline_cols(ctx, table)
-    heads, align = _ranked_heads(ctx, table, differs, headline, [])
-    body = [[*_ranked_cells(ctx, table, e, differs, headline), ctx.flag([e])] for e in group]
+    gaps = _gap_eps(group)
+    heads, align = _ranked_heads(ctx, table, differs, headline, _gap_heads(gaps))
+    body = [
+        [*_ranked_cells(ctx, table, e, differs, headline), *_gap_cells(e, gaps), ctx.flag([e])] for e in group
+    ]
     title = f"## Transfer: probe on {table.dataset} (encoders pretrained on {sources})"
     return [
         *_heading(title, table, table.rank_label),

@@ -41,3 +41,16 @@ def metric_label(name: str, keys: Iterable[MetricKey] = ()) -> str:
             what = ATTACK_NAMES.get(attack, attack) + ("" if norm == "Linf" else f" {norm}")
             return f"{what}@{eps:g}" + (f" ({eps_label(eps)})" if norm == "Linf" else "")
     return name
+
+
+def aa_gap(r: Mapping[str, Any]) -> float | None:
+    """How far AutoAttack's components after its APGD ones (FAB-T, Square) lowered a row's accuracy
+    below what APGD left, as a fraction of the row's examples: what the full version adds to its
+    gradient attacks. None for a row without components after APGD (not an AutoAttack row, or a
+    custom version of APGD only)."""
+    names = [c for c in str(r.get("aa_components") or "").split(",") if c]
+    apgd = [c for c in names if c.startswith("apgd")]
+    if not apgd or names[-1] == apgd[-1]:
+        return None
+    after = r.get(f"aa_robust_acc_after_{apgd[-1].replace('-', '_')}")
+    return None if after is None else float(after) - float(r["robust_acc"])
