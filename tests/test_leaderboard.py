@@ -313,7 +313,7 @@ def test_rows_of_another_protocol_are_ranked_in_their_own_table(
     assert len(tables) == 2
     (small,) = [t for t in tables if differs in t.splitlines()[0]]
     (full,) = [t for t in tables if t is not small]
-    assert "Not ranked with the other digits:0-4 tables" in small and "protocol:" in full.splitlines()[0]
+    assert "Not ranked with the other digits:0-4 tables" in small and " — " in full.splitlines()[0]
     body = [ln for ln in small.splitlines() if ln.startswith("|") and "| simclr" in ln]
     cells = [c.strip() for c in body[0].split("|")]
     assert len(body) == 1 and cells[1:3] == ["1", "simclr"] and cells[4] == "1"

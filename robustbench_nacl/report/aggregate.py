@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..results.eps import eps_label
+from ..results.finetune import PROTOCOLS
 from ..results.rows import KEY_PARAMS, SETTINGS, ResultRow
 from .fmt import MISSING
 from .metrics import MetricKey, Run, aa_gap, metric_key, metric_name, n_examples, run_of
@@ -311,7 +312,13 @@ def build_tables(entries: list[Entry]) -> list[Table]:
             for t, note in zip(group, notes, strict=True):
                 t.note = note
     order = {s: i for i, s in enumerate(SETTINGS)}
-    return sorted(tables, key=lambda t: (order[t.setting], t.dataset, t.note, t.key))
+    return sorted(tables, key=lambda t: (order[t.setting], t.dataset, _protocol_rank(t), t.note, t.key))
+
+
+def _protocol_rank(t: Table) -> int:
+    """SLF tables before ALF before AFF (PROTOCOLS' order) among the tables of one dataset."""
+    name = str((t.entries[0].protocol.get("finetune") or {}).get("protocol", "slf"))
+    return PROTOCOLS.index(name) if name in PROTOCOLS else len(PROTOCOLS)
 
 
 def _protocol_view(entries: list[Entry]) -> dict[tuple[str, ...], str]:

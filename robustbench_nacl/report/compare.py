@@ -273,7 +273,7 @@ def attach_comparisons(ctx: Context, baseline: str | None = None, baseline_recip
         raise UserError(f"--baseline {family}: no rows of that loss family; families here: {have}")
     ctx.baseline_family = family
     for t in ctx.tables:
-        if t.setting == "shift":  # ranked by a mean over variants: compare per variant with `compare`
+        if t.setting in ("shift", "corruption"):  # ranked by means over variants: `compare` tests each
             continue
         where = f"{t.setting} {t.dataset}" + (f" ({t.note})" if t.note else "")
         base, note = select_baseline(t.entries, family, baseline_recipe, where=where, strict=not auto)

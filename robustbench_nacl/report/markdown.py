@@ -55,7 +55,7 @@ def _heading(text: str, table: Table, ranked_by: str) -> list[str]:
     text = f"{text}, ranked by {ranked_by}"
     if not table.note:
         return [text, ""]
-    return [f"{text} — protocol: {table.note}", "", f"> Not ranked with the other {table.dataset} tables: "
+    return [f"{text} — {table.note}", "", f"> Not ranked with the other {table.dataset} tables: "
             f"their protocols differ ({table.note} here).", ""]  # fmt: skip
 
 
