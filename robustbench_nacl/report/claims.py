@@ -336,12 +336,13 @@ def format_claims(data: dict[str, Any]) -> str:
     )
 
 
-def splice(text: str, section: str) -> str:
-    """``text`` with what lies between the claims markers replaced by ``section``."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise UserError(f"expected one {BEGIN} ... {END} pair")
-    head, rest = text.split(BEGIN)
-    return f"{head}{BEGIN}\n{section}{END}{rest.split(END, 1)[1]}"
+def splice(text: str, section: str, markers: tuple[str, str] = (BEGIN, END)) -> str:
+    """``text`` with what lies between the markers (default: the claims') replaced by ``section``."""
+    begin, end = markers
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise UserError(f"expected one {begin} ... {end} pair")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{section}{end}{rest.split(end, 1)[1]}"
 
 
 def main_claims(
