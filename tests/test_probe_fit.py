@@ -149,7 +149,7 @@ def test_committed_rows_keep_their_row_and_protocol_ids(folder: Path) -> None:
 def test_zoo_manifests_opt_in_and_default_entries_keep_their_probe() -> None:
     from robustbench_nacl.pipeline import eval_arguments
 
-    entry = load_zoo("fashion-mnist")[0]
+    entry = load_zoo("paper")[0]  # the reference (fashion-mnist) zoo opts in since its regeneration
     default = eval_arguments(entry)["probe"]
     assert default.standardize is False and "standardize" not in default.as_dict()
     data = {**entry.to_dict(), "eval": {**entry.eval, "probe_standardize": True}}

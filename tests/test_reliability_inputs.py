@@ -299,7 +299,10 @@ EVAL_BAD = {
     # case: (flags, fragments)
     "unknown suite": (
         ["--suite", "nope"],
-        ("unknown attack suite 'nope'", "available: autoattack, fashion-mnist, l2, paper, quick"),
+        (
+            "unknown attack suite 'nope'",
+            "available: autoattack, fashion-mnist, fashion-mnist-aa, fashion-mnist-apgd",
+        ),
     ),
     "unknown attack": (
         ["--suite", '[[attack]]\nname = "fgsn"\neps = [0.1]\n'],
@@ -313,7 +316,12 @@ EVAL_BAD = {
     "eps > 1 as k/255": (["--suite", '[[attack]]\nname = "fgsm"\neps = ["300/255"]\n'], ("out of range",)),
     "unknown attack key": (
         ["--suite", '[[attack]]\nname = "pgd"\neps = [0.1]\niters = 3\n'],
-        ("unknown key(s) iters", "allowed: name, norm, eps, steps"),
+        ("unknown key(s) iters", "allowed: name, norm, eps, subset, steps"),
+    ),
+    "setting suite without =": (["--setting-suite", "corruption"], ("write KIND=SUITE",)),
+    "unknown setting kind": (
+        ["--setting-suite", "shifts=quick"],
+        ("setting suite for 'shifts'", "choose from"),
     ),
     "malformed toml": (
         ["--suite", '[[attack]]\nname = "pgd"\neps = [0.1,\nsteps = \n'],

@@ -133,6 +133,25 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     )
 
 
+def _budget_args(p: argparse.ArgumentParser) -> None:
+    """The flags that spend a budgeted evaluation's attacks and finetuning where they matter."""
+    p.add_argument(
+        "--setting-suite",
+        action="append",
+        default=None,
+        metavar="KIND=SUITE",
+        help="run SUITE in the settings of one kind (in-domain, transfer, shift, corruption) instead of "
+        "--suite, e.g. corruption=quick (repeatable)",
+    )
+    p.add_argument(
+        "--finetune-settings",
+        default=None,
+        metavar="KINDS",
+        help="the setting kinds ALF and AFF run on, e.g. in-domain,corruption (default: every setting; "
+        "each finetunes once per dataset)",
+    )
+
+
 def eval_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``eval``, with one flag per ProbeConfig, AlfConfig and AffConfig field."""
     deterministic_flag(p)
@@ -179,14 +198,6 @@ def eval_args(p: argparse.ArgumentParser) -> None:
         "--suite", default="paper", help="attack suite name (attacks/*.toml) or a path to a TOML file"
     )
     p.add_argument(
-        "--setting-suite",
-        action="append",
-        default=None,
-        metavar="KIND=SUITE",
-        help="run SUITE in the settings of one kind (in-domain, transfer, shift, corruption) instead of "
-        "--suite, e.g. corruption=quick (repeatable)",
-    )
-    p.add_argument(
         "--out",
         default=str(DEFAULT_RESULTS),
         help="output directory (rows land in OUT/rows; default: %(default)s)",
@@ -214,13 +225,7 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
     protocol_arg(p)
-    p.add_argument(
-        "--finetune-settings",
-        default=None,
-        metavar="KINDS",
-        help="the setting kinds ALF and AFF run on, e.g. in-domain,corruption (default: every setting; "
-        "each finetunes once per dataset)",
-    )
+    _budget_args(p)
     from ..results.finetune import AffConfig, AlfConfig
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")

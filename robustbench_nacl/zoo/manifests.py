@@ -99,23 +99,9 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         raise bad("recipe.monitor_every must be an integer >= 1")
     if not isinstance(data["recipe"].get("monitor_probe", False), bool):
         raise bad("recipe.monitor_probe must be true or false")
-    for k, v in data.get("eval", {}).items():
-        if k not in EVAL_KEYS:
-            raise bad(f"unknown eval field {k!r}; valid: {', '.join(EVAL_KEYS)}")
-        if not isinstance(v, EVAL_KEYS[k]):
-            raise bad(f"eval.{k} has the wrong type")
+    _check_eval_fields(data.get("eval", {}), bad)
     if data["recipe"].get("epochs", 1) < 1 or data["recipe"].get("batch_size", 2) < 2:
         raise bad("recipe.epochs must be >= 1 and recipe.batch_size >= 2")
-    lr = data.get("eval", {}).get("probe_lr")
-    if lr is not None and (isinstance(lr, bool) or not lr > 0):
-        raise bad("eval.probe_lr must be a number > 0")
-    if not all(isinstance(v, str) for v in data.get("eval", {}).get("setting_suites", {}).values()):
-        raise bad("eval.setting_suites must map setting kinds to suite names")
-    for proto in ("alf", "aff"):
-        fields = _finetune_fields(proto)
-        unknown = [k for k in data.get("eval", {}).get(proto, {}) if k not in fields]
-        if unknown:
-            raise bad(f"unknown eval.{proto} field {unknown[0]!r}; valid: {', '.join(fields)}")
     for where, key in (("recipe", "max_train"), ("eval", "probe_epochs"), ("eval", "probe_max_train")):
         value = data.get(where, {}).get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -142,6 +128,26 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         raise bad(f"overrides hold a value of the wrong type for its parameter ({one_line(e)})") from None
     _check_teacher_field(data, "teacher" in params.extra_params(), bad)
     return ZooEntry(**data)
+
+
+def _check_eval_fields(ev: dict[str, Any], bad: Any) -> None:
+    """The ``eval`` object: known fields of the right types, a positive ``probe_lr``, suite names
+    per setting kind, and ALF/AFF settings that exist."""
+    for k, v in ev.items():
+        if k not in EVAL_KEYS:
+            raise bad(f"unknown eval field {k!r}; valid: {', '.join(EVAL_KEYS)}")
+        if not isinstance(v, EVAL_KEYS[k]):
+            raise bad(f"eval.{k} has the wrong type")
+    lr = ev.get("probe_lr")
+    if lr is not None and (isinstance(lr, bool) or not lr > 0):
+        raise bad("eval.probe_lr must be a number > 0")
+    if not all(isinstance(v, str) for v in ev.get("setting_suites", {}).values()):
+        raise bad("eval.setting_suites must map setting kinds to suite names")
+    for proto in ("alf", "aff"):
+        fields = _finetune_fields(proto)
+        unknown = [k for k in ev.get(proto, {}) if k not in fields]
+        if unknown:
+            raise bad(f"unknown eval.{proto} field {unknown[0]!r}; valid: {', '.join(fields)}")
 
 
 def _check_teacher_field(data: dict[str, Any], distils: bool, bad: Any) -> None:
