@@ -348,3 +348,16 @@ def test_a_damaged_head_is_one_line_naming_the_fix(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"is damaged .*; delete it to refit the probe"):
         load_head(tmp_path, key)
     assert load_head(tmp_path, "0" * 24) is None  # no head: the probe is fitted
+
+
+def test_a_card_headlines_autoattacks_epsilon_when_the_suite_goes_beyond_it() -> None:
+    from robustbench_nacl.eval.cards import headline_row
+
+    def row(attack: str, eps: float, acc: float) -> dict:
+        return {"attack": attack, "norm": "Linf", "eps": eps, "robust_acc": acc}
+
+    sweep = [row("fgsm", 0.1, 0.05), row("worst_case", 0.1, 0.04), row("worst_case", 0.032, 0.3)]
+    assert headline_row(sweep) == sweep[1]  # no AutoAttack: the suite's largest eps
+    with_aa = [*sweep, row("autoattack", 0.032, 0.31)]
+    assert headline_row(with_aa) == sweep[2]  # AutoAttack's eps, its worst case
+    assert headline_row([row("autoattack", 0.032, 0.31)])["attack"] == "autoattack"

@@ -29,12 +29,14 @@ def _percent(acc: float | None) -> str | None:
 
 
 def headline_row(rows: Iterable[Mapping[str, Any]], norm: str = "Linf") -> Mapping[str, Any]:
-    """The row a card headlines: the worst case at the largest ``norm`` epsilon of the suite (else the
+    """The row a card headlines: the worst case at AutoAttack's largest ``norm`` epsilon where the
+    rows hold AutoAttack (RobustBench's headline), else at the suite's largest epsilon (else the
     weakest attack row there)."""
     rows = [r for r in rows if r["norm"] == norm] or list(rows)
     if not rows:
         raise ValueError("a model card needs at least one result row")
-    top = max(r["eps"] for r in rows)
+    aa = [r["eps"] for r in rows if r["attack"] == AUTOATTACK]
+    top = max(aa) if aa else max(r["eps"] for r in rows)
     at_top = [r for r in rows if r["eps"] == top]
     worst = [r for r in at_top if r["attack"] == WORST_CASE]
     return worst[0] if worst else min(at_top, key=lambda r: r["robust_acc"])
