@@ -356,8 +356,8 @@ def run_entries(
     stale = set_aside(superseded_rows(entries, out, controls), out)
     done = rows_done(out)
     todo = [e for e in by_protocol(entries) if not is_complete(e, done)]
-    ctl = [e for e in by_protocol(control_entries(entries)) if not is_complete(e, done, control=True)]
-    ctl = ctl if controls else []
+    wanted = by_protocol(control_entries(entries)) if controls else []
+    ctl = [e for e in wanted if not is_complete(e, done, control=True)]
     need = {e.id: e for e in [*todo, *ctl]}
     t0 = time.perf_counter()
     pool = make_pool(workers, device)

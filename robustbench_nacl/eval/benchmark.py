@@ -162,7 +162,7 @@ class _Run:
         own = {}
         if subset is not None:  # a row of the first n examples: its bits are n long, like its counts
             n_clean = int(self.clean[:n].sum())
-            own = {"subset": n, "n_examples": n, "n_clean_correct": n_clean, "clean_acc": n_clean / n}
+            own = {"n_examples": n, "n_clean_correct": n_clean, "clean_acc": n_clean / n}
             own["clean_bits"] = encode_bits(self.clean[:n])
             robust = robust[:n]
         return {

@@ -51,11 +51,14 @@ class Job:
     heads: Path | None = None  # a folder of fitted heads to reuse (published models ship theirs)
     save_heads: bool = False  # write each fitted head to out/heads/
     finetune: FinetuneConfig | None = None  # ALF/AFF; None: SLF
+    _idents: dict[str, IdentityFields] = field(default_factory=dict, init=False, repr=False)
 
     def suite_of(self, setting: Setting) -> tuple[Suite, IdentityFields]:
-        """The suite a setting runs and its rows' identity fields."""
+        """The suite a setting runs and its rows' identity fields (made once per setting kind)."""
         suite = self.suites[setting.name]
-        return suite, self.ident.for_suite(suite)
+        if setting.name not in self._idents:
+            self._idents[setting.name] = self.ident.for_suite(suite)
+        return suite, self._idents[setting.name]
 
 
 def run_protocol(

@@ -36,6 +36,7 @@ from ..results.rows import SETTINGS, protocol_name
 from .aggregate import Entry, aggregate, validate_rows
 from .compare import Comparison, compare_entries, select_baseline
 from .fmt import fmt_diff, fmt_p
+from .fmt import splice as splice_between
 from .metrics import metric_key, metric_label
 from .ranking import RankBy, parse_rank_by
 from .stats import holm, tost_paired
@@ -336,13 +337,9 @@ def format_claims(data: dict[str, Any]) -> str:
     )
 
 
-def splice(text: str, section: str, markers: tuple[str, str] = (BEGIN, END)) -> str:
-    """``text`` with what lies between the markers (default: the claims') replaced by ``section``."""
-    begin, end = markers
-    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise UserError(f"expected one {begin} ... {end} pair")
-    head, rest = text.split(begin)
-    return f"{head}{begin}\n{section}{end}{rest.split(end, 1)[1]}"
+def splice(text: str, section: str) -> str:
+    """``text`` with what lies between the claims markers replaced by ``section``."""
+    return splice_between(text, section, BEGIN, END)
 
 
 def main_claims(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..errors import UserError
 from .stats import Stat
 
 MISSING = "–"
@@ -76,3 +77,12 @@ def p_label(p: float | None) -> str:
 def round6(x: float | None) -> float | None:
     """A number for CSV/JSON/HTML data: 6 decimals (None stays None)."""
     return None if x is None else round(x, 6)
+
+
+def splice(text: str, section: str, begin: str, end: str) -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``section`` (a
+    generated section of a hand-written page: the claims' reading, the reference's targets)."""
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise UserError(f"expected one {begin} ... {end} pair")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{section}{end}{rest.split(end, 1)[1]}"

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import UserError
 from .fmt import pct
+from .fmt import splice as splice_between
 
 GAIN = 10.0  # points
 BEGIN, END = "<!-- targets:begin -->", "<!-- targets:end -->"
@@ -156,6 +157,4 @@ def targets_markdown(t: Targets) -> str:
 
 def splice(text: str, section: str) -> str:
     """``text`` with what lies between the targets markers replaced by ``section``."""
-    from .claims import splice as splice_between
-
-    return splice_between(text, section, (BEGIN, END))
+    return splice_between(text, section, BEGIN, END)

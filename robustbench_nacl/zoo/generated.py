@@ -100,7 +100,7 @@ def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
 
 #: The reference zoo (leaderboard/README.md; docs/decisions.md, "Reference leaderboard"). Its budget
 #: was chosen by measurement: SimCLR's learning curve on all 30,000 training images flattens after
-#: about 7 epochs (2,000 steps), but the whole regeneration (60 encoders, 3 controls, SLF + ALF for
+#: about 7 epochs (1,600 steps), but the whole regeneration (60 encoders, 3 controls, SLF + ALF for
 #: every one, AFF for seed 0, AutoAttack) must fit about 10 hours of a 2-core CPU, which leaves
 #: training 480 steps: 6 epochs of the first 10,240 images.
 FMNIST_RECIPE = {
