@@ -3,15 +3,17 @@
 Copies, for every entry of the zoo whose rows are complete: its checkpoint (manifest and
 safetensors weights, sha256 re-checked), a model card built from its rows, the linear heads its
 rows attacked, and the rows themselves (with the random-init controls' rows, which the leaderboard
-shows beside them), into ``files/published/<zoo>/`` of the package; and ``coverage.json``, the
-presets and seeds the set covers, so that a preset added later reads as "not published yet"
-instead of a missing model (see :mod:`.published`).
+shows beside them; one row pack, ``rows.jsonl.gz``), into ``files/published/<zoo>/`` of the
+package; and ``coverage.json``, the presets and seeds the set covers, so that a preset added later
+reads as "not published yet" instead of a missing model (see :mod:`.published`). Each entry's zoo
+manifest is then pinned to the published weights (``weights_sha256``), which ``zoo verify`` checks.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,8 @@ from .models.checkpoint import WEIGHTS, read_manifest
 from .packaged import published_dir
 from .pipeline import control_id, expected_rows
 from .published import CARD, MODELS_DIR
-from .results.rows import ResultRow, load_rows, write_row
-from .zoo import ZooEntry, checkpoint_dir
+from .results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
+from .zoo import ZooEntry, checkpoint_dir, write_entry
 
 #: Written into every card of a published zoo model.
 AUTHORS = "robustbench-nacl (trained from the shipped zoo manifests)"
@@ -85,10 +87,17 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
     for cid in sorted({control_id(e) for e in entries}):
         keep += [r for r in all_rows if r["checkpoint_id"] == cid]
     _copy_heads(keep, board, target)
-    for r in keep:  # the path of the machine that measured them means nothing to a reader
-        write_row(
-            target, ResultRow.from_json({**r.to_json(), "checkpoint": f"{MODELS_DIR}/{r['checkpoint_id']}"})
-        )
+    # the path of the machine that measured them means nothing to a reader
+    write_row_pack(
+        target,
+        [
+            ResultRow.from_json({**r.to_json(), "checkpoint": f"{MODELS_DIR}/{r['checkpoint_id']}"})
+            for r in keep
+        ],
+    )
+    shutil.rmtree(target / ROWS_DIR, ignore_errors=True)  # one file per row, as sets were published before
+    for e in entries:  # the zoo manifests now name the weights their entries published
+        write_entry(replace(e, weights_sha256=sha256_file(checkpoint_dir(e, ckpts) / WEIGHTS)))
     cover = {
         "zoo": name,
         "presets": sorted({e.loss for e in entries}),

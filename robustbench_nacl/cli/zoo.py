@@ -55,7 +55,8 @@ def _zoo_verify(args: argparse.Namespace) -> int:
         which = f"zoo {args.zoo!r}" if args.zoo and not args.ids else "the entries asked for"
         raise UserError(
             f"verified none of the {len(report.missing)} entries of {which}: none has a checkpoint "
-            f"under {args.out}; train them with `zoo train` or pass the --out they were trained into"
+            f"under {args.out} and none is published; train them with `zoo train` or pass the --out they "
+            "were trained into"
         )
     if report.bad:
         print(f"{len(report.bad)} checkpoint(s) do not match their recorded sha256", file=sys.stderr)

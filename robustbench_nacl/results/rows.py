@@ -17,6 +17,7 @@ recipes and protocols'):
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -26,9 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..io import canonical_json, write_json_atomic
+from ..io import canonical_json, write_bytes_atomic, write_json_atomic
 
 ROWS_DIR = "rows"
+#: A row pack: many rows in one gzipped JSON-lines file, which ``load_rows`` reads beside (or instead
+#: of) the ``rows/`` folder. Published sets ship their rows this way (a tenth of the bytes of one file
+#: per row, and one file in the wheel instead of thousands).
+ROW_PACK = "rows.jsonl.gz"
 #: Version of the on-disk row layout; rows without recipe_id/protocol_id are format 1.
 ROW_FORMAT = 2
 SETTINGS = ("in-domain", "transfer", "shift", "corruption")
@@ -338,8 +343,33 @@ def read_valid_row(path: str | Path, rid: str) -> ResultRow | None:
     return row if row.row_id == rid and row_id(row) == rid else None
 
 
+def write_row_pack(directory: str | Path, rows: list[ResultRow]) -> Path:
+    """Write ``rows`` as one row pack (:data:`ROW_PACK`) in ``directory``, atomically; returns its path.
+
+    One canonical JSON object per line, sorted by row id, gzip with no timestamp: the same rows make
+    the same bytes, so a re-published set is a no-op for git.
+    """
+    lines = sorted(canonical_json(r.to_json()) for r in {r.row_id: r for r in rows}.values())
+    path = Path(directory) / ROW_PACK
+    write_bytes_atomic(path, gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=9, mtime=0))
+    return path
+
+
+def read_row_pack(path: str | Path) -> list[dict[str, Any]]:
+    """The raw JSON objects of a row pack (a one-line UserError if it is damaged)."""
+    try:
+        text = gzip.decompress(Path(path).read_bytes()).decode()
+        raw = [json.loads(line) for line in text.splitlines() if line]
+    except (OSError, EOFError, ValueError, RecursionError) as e:  # gzip.BadGzipFile is an OSError
+        raise UserError(f"cannot read row pack {path}: {' '.join(str(e).split())[:200]}") from None
+    if not all(isinstance(r, dict) for r in raw):
+        raise UserError(f"row pack {path} holds a line that is not a JSON object")
+    return raw
+
+
 def load_rows(directory: str | Path) -> list[ResultRow]:
-    """Every row under ``directory`` (its ``rows/`` subfolder if present), validated, in a stable order.
+    """Every row under ``directory`` (its ``rows/`` subfolder if present, and its row pack if it has
+    one), validated, in a stable order.
 
     Rows written before rows carried recipe and protocol ids fail with one line saying how to
     re-run their evaluations.
@@ -348,7 +378,12 @@ def load_rows(directory: str | Path) -> list[ResultRow]:
     if not d.is_dir():
         raise UserError(f"rows directory {d} does not exist; run `robustbench-nacl eval ... --out {d}` first")
     base = d / ROWS_DIR if (d / ROWS_DIR).is_dir() else d
-    raw = [(p, read_row(p)) for p in sorted(base.glob("*.json"))]
+    pack = d / ROW_PACK
+    # beside a pack, the folder's own *.json files are the set's other files (coverage.json), not rows
+    files = sorted(base.glob("*.json")) if base != d or not pack.is_file() else []
+    raw: list[tuple[Path, dict[str, Any]]] = [(p, read_row(p)) for p in files]
+    if pack.is_file():
+        raw += [(pack, r) for r in read_row_pack(pack)]
     legacy = [
         (p, r) for p, r in raw if "recipe_id" not in r and "protocol_id" not in r and "row_format" not in r
     ]
@@ -361,8 +396,9 @@ def load_rows(directory: str | Path) -> list[ResultRow]:
             f"{len(ckpts)} checkpoint(s) ({', '.join(ckpts[:3])}{', ...' if len(ckpts) > 3 else ''}) "
             "and render the leaderboard from NEW_DIR"
         )
-    rows = [ResultRow.from_json(r, source=base) for _, r in raw]
-    return sorted(rows, key=_order)
+    # a row in both the folder and the pack is one row (rows are content-addressed)
+    rows = {r.row_id: r for r in (ResultRow.from_json(r, source=base) for _, r in raw)}
+    return sorted(rows.values(), key=_order)
 
 
 def _order(r: ResultRow) -> tuple:

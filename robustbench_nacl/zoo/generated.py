@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
 from ..registry import unknown_choice
 from .entry import ZooEntry, expected_id
-from .manifests import write_entry, zoo_root
+from .manifests import parse_entry, write_entry, zoo_root
 
 PAPER_RECIPE = {"epochs": 100, "batch_size": 256, "optimizer": "adam", "lr": 3e-4, "weight_decay": 0.0}
 PAPER_EVAL = {"transfer": "cifar10", "shift": None, "suite": "paper", "n_examples": None}
@@ -195,6 +197,26 @@ def demo_zoo() -> list[ZooEntry]:
     return _one_per_family("demo", "digits:0-4", DEMO_RECIPE, DEMO_EVAL, (0,), tag_m=False)
 
 
+def training_fields(entry: ZooEntry) -> dict[str, Any]:
+    """What decides an entry's weights: its manifest without the evaluation, description and pin."""
+    return {k: v for k, v in entry.to_dict().items() if k not in ("eval", "description", "weights_sha256")}
+
+
+def keep_pin(entry: ZooEntry, manifest: Path) -> ZooEntry:
+    """``entry`` with the weights pin of its current manifest file when that file trains the same
+    weights (a regenerated evaluation or description keeps the published weights; a changed recipe,
+    loss or seed drops the pin, since the published weights no longer follow from it)."""
+    if entry.weights_sha256 is not None or not manifest.is_file():
+        return entry
+    try:
+        old = parse_entry(json.loads(manifest.read_text()), str(manifest))
+    except (ValueError, UserError):  # a damaged manifest is rewritten, unpinned
+        return entry
+    if old.weights_sha256 is None or training_fields(old) != training_fields(entry):
+        return entry
+    return replace(entry, weights_sha256=old.weights_sha256)
+
+
 #: The zoos whose manifests are generated from the package's presets (``zoo regenerate`` writes them).
 GENERATED_ZOOS = {"demo": demo_zoo, "fashion-mnist": fashion_mnist_zoo, "paper": paper_zoo}
 
@@ -213,7 +235,7 @@ def regenerate(name: str | None = None, root: str | Path | None = None) -> dict[
         folder = zoo_root(root) / zoo_name
         stale = {p for p in folder.glob("*.json")} - {folder / f"{e.id}.json" for e in entries}
         for e in entries:
-            write_entry(e, root)
+            write_entry(keep_pin(e, folder / f"{e.id}.json"), root)
         for p in stale:
             p.unlink()
         done[zoo_name] = (len(entries), len(stale))

@@ -1,21 +1,30 @@
-"""``zoo verify``: recompute each trained entry's weights sha256 against its manifest and its zoo pin."""
+"""``zoo verify``: recompute each trained entry's weights sha256 against its manifest and its zoo pin.
+
+An entry with no checkpoint under ``--out`` is verified from the package's published copy when it
+has one (``files/published/<zoo>/models/<id>/``, see :mod:`..published`): so on a fresh clone the
+committed reference weights are checked against their manifest, their model card and the zoo pin.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
 from ..io import sha256_file
 from ..models.checkpoint import read_manifest
+from ..packaged import published_dir
 from .entry import ZooEntry, checkpoint_dir, is_trained
 
 
-def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
-    """Recompute the weights' sha256: ("ok" | "untrained" | "changed" | "unpinned-mismatch", detail)."""
-    d = checkpoint_dir(entry, out)
-    if not is_trained(entry, out):
-        return "untrained", str(d)
+def published_copy(entry: ZooEntry) -> Path | None:
+    """The package's published checkpoint folder of ``entry`` (None when it is not published)."""
+    d = published_dir() / entry.zoo / "models" / entry.id
+    return d if (d / "manifest.json").is_file() else None
+
+
+def _verify_folder(entry: ZooEntry, d: Path) -> tuple[str, str]:
     try:
         manifest = read_manifest(d)
     except UserError as e:
@@ -29,6 +38,9 @@ def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
             "changed",
             f"{weights}: sha256 {actual[:12]}... != manifest {manifest['weights_sha256'][:12]}...",
         )
+    card = d / "card.json"
+    if card.is_file() and (pinned := json.loads(card.read_text()).get("weights_sha256")) != actual:
+        return "changed", f"{weights}: sha256 {actual[:12]}... != model card {str(pinned)[:12]}..."
     if entry.weights_sha256 and actual != entry.weights_sha256:
         return (
             "unpinned-mismatch",
@@ -37,13 +49,27 @@ def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
     return "ok", actual
 
 
+def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
+    """Recompute the weights' sha256: ("ok" | "untrained" | "changed" | "unpinned-mismatch", detail).
+
+    The checkpoint under ``out`` is checked; without one, the published copy (detail says so).
+    """
+    if is_trained(entry, out):
+        return _verify_folder(entry, checkpoint_dir(entry, out))
+    if (copy := published_copy(entry)) is not None:
+        status, detail = _verify_folder(entry, copy)
+        return status, f"published copy {copy}: {detail}" if status == "ok" else detail
+    return "untrained", str(checkpoint_dir(entry, out))
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     """What ``zoo verify`` found: a status per entry that has a checkpoint, and the entries without one."""
 
     out: str
     results: list[tuple[ZooEntry, str, str]]  # (entry, status, detail) as verify_entry returns them
-    missing: list[ZooEntry]  # no checkpoint under ``out``: nothing to verify
+    missing: list[ZooEntry]  # no checkpoint under ``out`` and none published: nothing to verify
+    published: list[ZooEntry] = field(default_factory=list)  # verified from the package's copy
 
     @property
     def bad(self) -> list[ZooEntry]:
@@ -53,8 +79,9 @@ class VerifyReport:
     def summary(self) -> str:
         """One line: how many entries were verified, how many of those failed, how many are missing."""
         n = len(self.results) + len(self.missing)
+        where = f" ({len(self.published)} of them from the published copy)" if self.published else ""
         return (
-            f"verified {len(self.results)} of {n} entries under {self.out}: "
+            f"verified {len(self.results)} of {n} entries under {self.out}{where}: "
             f"{len(self.results) - len(self.bad)} ok, {len(self.bad)} changed, "
             f"{len(self.missing)} missing (no checkpoint)"
         )
@@ -62,11 +89,13 @@ class VerifyReport:
 
 def verify_entries(entries: list[ZooEntry], out: str | Path) -> VerifyReport:
     """:func:`verify_entry` for each entry, with the untrained ones listed apart as missing."""
-    results, missing = [], []
+    results, missing, published = [], [], []
     for e in entries:
         status, detail = verify_entry(e, out)
         if status == "untrained":
             missing.append(e)
         else:
             results.append((e, status, detail))
-    return VerifyReport(str(out), results, missing)
+            if not is_trained(e, out):
+                published.append(e)
+    return VerifyReport(str(out), results, missing, published)

@@ -1,0 +1,151 @@
+"""``zoo publish``: a trained, evaluated zoo becomes a loadable published set (weights, heads, a row
+pack, cards), its zoo manifests are pinned to the published weights, and ``zoo verify`` checks the
+published copy where no checkpoint was trained locally (so a fresh clone verifies the reference)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_zoo_completeness import tiny_entry
+
+from robustbench_nacl import cli, publish, published, zoo
+from robustbench_nacl.errors import UserError
+from robustbench_nacl.io import sha256_file
+from robustbench_nacl.models.checkpoint import WEIGHTS
+from robustbench_nacl.packaged import published_dir
+from robustbench_nacl.results.rows import ROW_PACK, load_rows, write_row_pack
+from robustbench_nacl.zoo import generated, verify
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture
+def published_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty published-models folder standing in for the package's (and a zoo folder of our own)."""
+    root = tmp_path / "published"
+    root.mkdir()
+    shutil.copyfile(published_dir() / "paper_reported.json", root / "paper_reported.json")
+    for module in (publish, published, verify):
+        monkeypatch.setattr(module, "published_dir", lambda: root)
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
+    return root
+
+
+def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_published_copy(
+    tmp_path: Path, published_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = tiny_entry(tmp_path / "zoo", "simclr")
+    ck, board = tmp_path / "ck", tmp_path / "board"
+    assert (
+        cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
+        == 0
+    )
+    publish_argv = ["zoo", "publish", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board)]
+    assert cli.main(publish_argv) == 0
+    target = published_root / "t"
+    # the rows: one pack, the same rows as the board's (the entry's and its control's), row ids kept
+    assert (target / ROW_PACK).is_file() and not (target / "rows").exists()
+    board_rows = {r.row_id: r for r in load_rows(board)}
+    packed = load_rows(target)
+    assert {r.row_id for r in packed} == set(board_rows) and len(packed) == len(board_rows)
+    for r in packed:
+        mine, theirs = r.to_json(), board_rows[r.row_id].to_json()
+        assert mine.pop("checkpoint") == f"models/{r['checkpoint_id']}"
+        theirs.pop("checkpoint")
+        assert mine == theirs
+    first = (target / ROW_PACK).read_bytes()
+    assert cli.main(publish_argv) == 0 and (target / ROW_PACK).read_bytes() == first  # same rows, same bytes
+    # the zoo manifest is pinned to the published weights
+    sha = sha256_file(ck / e.id / WEIGHTS)
+    assert zoo.load_zoo("t")[0].weights_sha256 == sha == sha256_file(target / "models" / e.id / WEIGHTS)
+    # nothing trained here: verify checks the published copy against its manifest, card and pin
+    capsys.readouterr()
+    none = tmp_path / "nothing-trained"
+    assert cli.main(["zoo", "verify", "--zoo", "t", "--out", str(none)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"ok                 {e.id}  published copy {target / 'models' / e.id}: {sha}")
+    assert out[-1] == (
+        f"verified 1 of 1 entries under {none} (1 of them from the published copy): "
+        "1 ok, 0 changed, 0 missing (no checkpoint)"
+    )
+    # the published model loads by name, with the head its in-domain rows attacked
+    clf = published.load_model(e.id, head=True)
+    x = torch.rand(3, 1, 8, 8)
+    assert clf(x).shape == (3, 5)
+    # one flipped bit in the published weights: verify says changed and exits 1
+    w = target / "models" / e.id / WEIGHTS
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0x01
+    w.write_bytes(bytes(data))
+    assert cli.main(["zoo", "verify", "--zoo", "t", "--out", str(none)]) == 1
+    assert capsys.readouterr().out.startswith(f"changed            {e.id}")
+
+
+def test_a_changed_published_card_or_pin_fails_verify(tmp_path: Path, published_root: Path) -> None:
+    e = tiny_entry(tmp_path / "zoo", "simclr")
+    ck, board = tmp_path / "ck", tmp_path / "board"
+    assert (
+        cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
+        == 0
+    )
+    assert cli.main(["zoo", "publish", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board)]) == 0
+    pinned = zoo.load_zoo("t")[0]
+    assert verify.verify_entry(pinned, tmp_path / "none")[0] == "ok"
+    assert verify.verify_entry(dataclasses.replace(pinned, weights_sha256="0" * 64), tmp_path / "none")[
+        0
+    ] == ("unpinned-mismatch")
+    card = published_root / "t" / "models" / e.id / "card.json"
+    card.write_text(json.dumps({**json.loads(card.read_text()), "weights_sha256": "1" * 64}))
+    status, detail = verify.verify_entry(pinned, tmp_path / "none")
+    assert status == "changed" and "model card 111111111111" in detail
+
+
+def test_regenerate_keeps_a_pin_only_while_the_entry_trains_the_same_weights(tmp_path: Path) -> None:
+    e = zoo.fashion_mnist_zoo()[0]
+    path = tmp_path / f"{e.id}.json"
+    path.write_text(json.dumps(dataclasses.replace(e, weights_sha256="a" * 64).to_dict()))
+    assert generated.keep_pin(e, path).weights_sha256 == "a" * 64
+    re_evaluated = dataclasses.replace(e, eval={**e.eval, "n_examples": 100}, description="other words")
+    assert generated.keep_pin(re_evaluated, path).weights_sha256 == "a" * 64  # evaluation: same weights
+    retrained = dataclasses.replace(e, recipe={**e.recipe, "epochs": e.recipe["epochs"] + 1})
+    assert generated.keep_pin(retrained, path).weights_sha256 is None  # a new recipe: the pin goes
+    assert generated.keep_pin(e, tmp_path / "absent.json").weights_sha256 is None
+    path.write_text("{not json")
+    assert generated.keep_pin(e, path).weights_sha256 is None  # a damaged manifest is rewritten, unpinned
+
+
+def test_the_shipped_demo_rows_are_one_pack_that_reads_as_rows() -> None:
+    d = published_dir() / "demo"
+    assert (d / ROW_PACK).is_file() and not (d / "rows").exists()
+    rows = load_rows(d)
+    assert len(rows) == 1309 and len({r.row_id for r in rows}) == 1309
+    assert all(r["checkpoint"].startswith("models/") for r in rows)
+
+
+def test_a_row_pack_is_deterministic_deduplicated_and_a_damaged_one_is_one_line(tmp_path: Path) -> None:
+    rows = load_rows(published_dir() / "demo")[:40]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    write_row_pack(a, rows)
+    write_row_pack(b, list(reversed(rows)) + rows[:5])  # order and repeats do not change the bytes
+    assert (a / ROW_PACK).read_bytes() == (b / ROW_PACK).read_bytes()
+    # a folder of row files beside a pack: a row in both is one row
+    from robustbench_nacl.results.rows import write_row
+
+    for r in rows[:10]:
+        write_row(a, r)
+    assert [r.row_id for r in load_rows(a)] == [r.row_id for r in load_rows(b)]
+    (a / ROW_PACK).write_bytes(gzip.compress(b"{}\n[1, 2]\n"))
+    with pytest.raises(UserError, match=r"row pack .* holds a line that is not a JSON object"):
+        load_rows(a)
+    (a / ROW_PACK).write_bytes(b"not gzip")
+    with pytest.raises(UserError) as err:
+        load_rows(a)
+    assert str(err.value).startswith(f"cannot read row pack {a / ROW_PACK}") and "\n" not in str(err.value)
