@@ -6,7 +6,7 @@ A published set is a folder of the package's ``files/published/`` (one per zoo, 
     <set>/models/<name>/weights.safetensors  the encoder's weights (sha256 pinned by the card)
     <set>/models/<name>/card.json            its model card (eval/cards.py; schema files/schemas/)
     <set>/heads/<key>.safetensors            the fitted linear heads of the committed rows (eval/heads.py)
-    <set>/rows/<row_id>.json                 the committed result rows (the random-init control's too)
+    <set>/rows.jsonl.gz                      the committed result rows in one pack (controls' rows too)
     <set>/coverage.json                      the presets and seeds this set covers
 
 Weights come from the package, or from ``weights_from`` (a local folder, or an http(s) URL whose

@@ -361,3 +361,35 @@ def test_a_card_headlines_autoattacks_epsilon_when_the_suite_goes_beyond_it() ->
     with_aa = [*sweep, row("autoattack", 0.032, 0.31)]
     assert headline_row(with_aa) == sweep[2]  # AutoAttack's eps, its worst case
     assert headline_row([row("autoattack", 0.032, 0.31)])["attack"] == "autoattack"
+
+
+def test_a_card_headlines_slf_and_fills_alf_and_aff_from_their_own_rows() -> None:
+    from robustbench_nacl.eval.cards import card_of_rows
+
+    def row(protocol: str | None, setting: str, attack: str, eps: float, clean: float, acc: float) -> dict:
+        return {
+            "checkpoint_id": "m", "checkpoint_sha256": "a" * 64, "encoder": "convnet_small",
+            "recipe": {}, "recipe_id": "r", "pretrain_dataset": "fashion-mnist:0-4", "loss": "simclr",
+            "loss_params": {}, "dataset": "fashion-mnist:0-4", "suite": "s", "n_examples": 500,
+            "setting": setting, "protocol_id": f"{protocol}-{setting}", "attack": attack, "norm": "Linf",
+            "eps": eps, "clean_acc": clean, "robust_acc": acc,
+            **({"finetune": {"protocol": protocol}} if protocol else {}),
+        }  # fmt: skip
+
+    rows = [  # ALF and AFF rows first: the card must not take the first in-domain row's protocol
+        row("alf", "in-domain", "worst_case", 0.032, 0.60, 0.45),
+        row("alf", "in-domain", "autoattack", 0.032, 0.60, 0.46),
+        row("aff", "in-domain", "worst_case", 0.032, 0.80, 0.70),
+        row(None, "transfer", "worst_case", 0.032, 0.70, 0.10),
+        row(None, "in-domain", "worst_case", 0.1, 0.85, 0.01),
+        row(None, "in-domain", "worst_case", 0.032, 0.85, 0.20),
+        row(None, "in-domain", "autoattack", 0.032, 0.85, 0.21),
+    ]
+    card = card_of_rows(rows, authors="t")
+    assert (card["clean_acc"], card["autoattack_acc"], card["eps"]) == ("85.00", "21.00", "8.16/255")
+    assert card["protocol_id"] == "None-in-domain"
+    slf, alf, aff = (card["headline"][k] for k in ("SLF", "ALF", "AFF"))
+    assert (slf["robust_acc"], slf["metric"], slf["eps"]) == (0.20, "worst_case", 0.032)
+    assert (alf["clean_acc"], alf["robust_acc"], alf["protocol_id"]) == (0.60, 0.45, "alf-in-domain")
+    assert (aff["clean_acc"], aff["robust_acc"]) == (0.80, 0.70)
+    assert card_of_rows(rows[3:], authors="t")["headline"]["ALF"] is None  # not measured: null

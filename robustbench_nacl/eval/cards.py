@@ -4,7 +4,7 @@ RobustBench's model_info files hold ``name``, ``authors``, ``venue``, ``link``, 
 ``dataset``, ``eps``, ``clean_acc``, ``autoattack_acc``, ``reported``, ``additional_data`` and
 ``number_forward_passes``, accuracies as percentage strings with two decimals; a card here holds
 the same, computed from result rows, plus the loss, recipe and protocol ids, a headline per
-evaluation protocol (SLF today; ALF/AFF null until measured), the weights' sha256 and the paper's
+evaluation protocol (SLF, and ALF/AFF where measured, else null), the weights' sha256 and the paper's
 reported figures, each flagged as reported and with its scale.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 from ..io import write_json_atomic
 from ..packaged import schema_path
 from ..results.eps import eps_label
+from ..results.rows import protocol_name
 
 CARD_FORMAT = 1
 SCHEMA = "model-card"
@@ -124,15 +125,22 @@ def write_card(path: str | Path, card: Mapping[str, Any]) -> Path:
 
 
 def card_of_rows(rows: Iterable[Mapping[str, Any]], **info: Any) -> dict[str, Any]:
-    """The card of one evaluated checkpoint from its result rows: the in-domain setting headlines it.
+    """The card of one evaluated checkpoint from its result rows: the in-domain setting headlines it,
+    under SLF (the card's RobustBench fields and ``headline.SLF``) and under ALF and AFF where the rows
+    hold them (``headline.ALF``, ``headline.AFF``).
 
     ``info`` overrides or adds card fields (authors, venue, link, paper_reported, ...).
     """
     rows = list(rows)
     if not rows:
         raise ValueError("a model card needs at least one result row")
-    own = [r for r in rows if r["setting"] == "in-domain"] or rows[:1]
-    own = [r for r in rows if r["protocol_id"] == own[0]["protocol_id"]]
+    in_domain: dict[str, list[Mapping[str, Any]]] = {}
+    for r in [r for r in rows if r["setting"] == "in-domain"] or rows[:1]:
+        in_domain.setdefault(protocol_name(r), []).append(r)
+    # SLF headlines the card (RobustBench's fields); ALF and AFF fill their own headline entries
+    first_of = {name: group[0] for name, group in in_domain.items()}
+    main = first_of.get("slf") or next(iter(first_of.values()))
+    own = [r for r in rows if r["protocol_id"] == main["protocol_id"]]
     first = own[0]
     recipe = first.get("recipe") or {}
     kwargs = (recipe.get("config") or recipe).get("encoder_kwargs") or {}
@@ -144,4 +152,9 @@ def card_of_rows(rows: Iterable[Mapping[str, Any]], **info: Any) -> dict[str, An
         "weights_sha256": first["checkpoint_sha256"],
         **info,
     }
-    return build_card(own, **fields)
+    card = build_card(own, **fields)
+    for name in ("alf", "aff"):
+        if name in first_of:
+            mine = [r for r in rows if r["protocol_id"] == first_of[name]["protocol_id"]]
+            card["headline"][name.upper()] = headline(headline_row(mine))
+    return card
