@@ -17,7 +17,7 @@ from scipy import stats
 
 from robustbench_nacl.cli import main as cli_main
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.report.claims import BEGIN, END, load_claims, main_claims, reading, splice
+from robustbench_nacl.report.claims import BEGIN, END, load_claims, main_claims, markers, reading, splice
 from robustbench_nacl.report.compare import main_compare
 from robustbench_nacl.report.fmt import fmt_diff, fmt_p
 from robustbench_nacl.report.stats import holm, tost_paired
@@ -335,11 +335,39 @@ def test_the_shipped_nacl_claims_load() -> None:
     assert all(c.setting in ("in-domain", "transfer") for c in claims)
 
 
+def test_the_shipped_robust_ssl_claims_load_under_their_protocols() -> None:
+    header, claims = load_claims("robust-ssl")
+    assert header["name"] == "robust-ssl" and "DynACL" in header["paper"]
+    assert {(c.candidate, c.baseline, c.protocol) for c in claims} == {
+        ("acl", "simclr", "slf"), ("acl", "simclr", "alf"), ("rocl", "simclr", "slf"),
+        ("dynacl", "acl", "slf"), ("dynacl", "acl", "alf"), ("deacl", "acl", "slf"), ("deacl", "acl", "alf"),
+    }  # fmt: skip
+    assert {(c.setting, c.metric, c.kind) for c in claims} == {("in-domain", "autoattack@0.032", "better")}
+
+
+def test_a_test_under_alf_names_its_protocol_and_the_legend_says_slf_is_the_default(
+    board: tuple[Path, Path],
+) -> None:
+    data = _data(board)
+    first = dict(data["claims"][0])
+    assert "unless it names" not in reading(data)  # every test under SLF: the legend is what it was
+    alf = {**first, "protocol": "alf", "comparison": None, "reason": "no ALF rows in in-domain"}
+    text = " ".join(reading({**data, "claims": [*data["claims"], alf]}).split())
+    assert "unless it names ALF or AFF" in text
+    assert (
+        f"({first['setting']}, ALF, {first['metric']}): not measured here (no ALF rows in in-domain)" in text
+    )
+
+
 def test_splice_replaces_only_the_marked_section() -> None:
     text = f"a\n{BEGIN}\nold\n{END}\nb\n"
     assert splice(text, "new\n") == f"a\n{BEGIN}\nnew\n{END}\nb\n"
     with pytest.raises(UserError, match="one <!-- claims:begin -->"):
         splice("no markers", "x")
+    begin, end = markers("robust-ssl")
+    both = f"{text}{begin}\nold\n{end}\n"
+    assert splice(both, "new\n", "robust-ssl") == f"{text}{begin}\nnew\n{end}\n"  # the other file's only
+    assert markers("nacl") == (BEGIN, END)
 
 
 # ============ the reference leaderboard's reading ============

@@ -274,7 +274,8 @@ def _numbers(r: dict[str, Any]) -> str:
 def sentence(r: dict[str, Any]) -> str:
     """One test as a Markdown bullet: the claim, where it was tested, its numbers and why."""
     c = r["comparison"]
-    where = f"{r['setting']}, {c['metric_label'] if c else r['metric']}"
+    protocol = f"{r['protocol'].upper()}, " if r.get("protocol", "slf") != "slf" else ""
+    where = f"{r['setting']}, {protocol}{c['metric_label'] if c else r['metric']}"
     if c is None or c["diff"] is None:
         return f"- {r['text']} ({where}): not measured here ({r['reason']})."
     why = f"; {r['reason']}" if r["reason"] else ""
@@ -302,7 +303,12 @@ def reading(data: dict[str, Any]) -> str:
         "metric: candidate minus baseline accuracy in points with the 95 % t-interval over seed pairs; "
         f"Holm p: McNemar's exact test, adjusted over the {data['n_tests']} tests of these claims; no-cost "
         f"claims: two one-sided t-tests over the seed pairs with a margin of {margin} points (TOST), "
-        "adjusted in the same family.",
+        "adjusted in the same family."
+        + (
+            " Each test is under SLF (a linear probe on the frozen encoder) unless it names ALF or AFF."
+            if any(r.get("protocol", "slf") != "slf" for r in data["claims"])
+            else ""
+        ),
     ]
     for verdict in VERDICTS:
         lines += ["", f"{_HEADINGS[verdict]}: {len(by_verdict[verdict])} of {len(data['claims'])}.", ""]
@@ -337,9 +343,19 @@ def format_claims(data: dict[str, Any]) -> str:
     )
 
 
-def splice(text: str, section: str) -> str:
-    """``text`` with what lies between the claims markers replaced by ``section``."""
-    return splice_between(text, section, BEGIN, END)
+def markers(name: str = DEFAULT_CLAIMS) -> tuple[str, str]:
+    """The README markers around the reading of claims file ``name`` (the NaCl file's are unnamed:
+    ``<!-- claims:begin -->``; any other's ``<!-- claims:NAME:begin -->``)."""
+    return (
+        (BEGIN, END)
+        if name == DEFAULT_CLAIMS
+        else (f"<!-- claims:{name}:begin -->", f"<!-- claims:{name}:end -->")
+    )
+
+
+def splice(text: str, section: str, name: str = DEFAULT_CLAIMS) -> str:
+    """``text`` with what lies between the markers of claims file ``name`` replaced by ``section``."""
+    return splice_between(text, section, *markers(name))
 
 
 def main_claims(
