@@ -391,6 +391,7 @@ def compare_json(result: CompareResult) -> dict[str, Any]:
         "baseline": result.baseline,
         "n_tests": sum(c.p is not None for c in result.comparisons),
         "comparisons": [c.to_json() for c in result.comparisons],
+        "protocols": result.finetune,  # protocol_id -> slf | alf | aff: which comparison is which
         "notes": result.notes,
     }
 

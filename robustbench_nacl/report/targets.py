@@ -108,7 +108,11 @@ def targets(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, 
     return Targets(
         fams,
         _mean(float(r["clean_acc"]) for r in controls) if controls else None,
-        [(int(r["seed"]), float(r["probe_train_acc"]), float(r["knn_acc"])) for r in controls],
+        [  # rows written before probes recorded their fit carry neither field: no verdict for them
+            (int(r["seed"]), float(r["probe_train_acc"]), float(r["knn_acc"]))
+            for r in controls
+            if r.get("probe_train_acc") is not None and r.get("knn_acc") is not None
+        ],
     )
 
 

@@ -1,0 +1,114 @@
+"""The reference README's generated sections (report/readme.py): ``beside`` picks the families
+furthest above and below SimCLR per main table from ``compare --json`` alone, and ``regenerate``
+rewrites every marked section and nothing else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from robustbench_nacl.errors import UserError
+from robustbench_nacl.report import claims, readme, targets
+from robustbench_nacl.report.aggregate import CONTROL_LABEL
+from robustbench_nacl.report.compare import main_compare
+from robustbench_nacl.results.rows import load_rows
+
+ROWS = Path(__file__).parent / "data" / "leaderboard" / "rows"
+
+
+def _c(candidate: str, diff: float, *, pid: str = "p-slf", metric: str = "clean", n: int = 3, **kw) -> dict:
+    lo, hi = kw.pop("lo", diff - 0.02), kw.pop("hi", diff + 0.02)
+    return {
+        "setting": kw.pop("setting", "in-domain"), "protocol_id": pid, "metric": metric,
+        "metric_label": metric, "candidate": candidate, "diff": diff, "lo": lo, "hi": hi,
+        "n_pairs": n, "interval": "t over seeds" if n > 1 else "wald over examples",
+        "p_holm": kw.pop("p", 0.0004),
+    }  # fmt: skip
+
+
+def test_beside_takes_the_extremes_of_each_table_and_applies_the_boards_rule() -> None:
+    data: dict[str, Any] = {
+        "baseline": "simclr",
+        "n_tests": 1234,
+        "protocols": {"p-slf": "slf", "p-alf": "alf", "p-aff": "aff"},
+        "comparisons": [
+            _c("acl", -0.10),
+            _c("supervised", 0.08),
+            _c(CONTROL_LABEL, -0.40),  # the control is not a family: never an extreme
+            _c("nca", 0.01, lo=-0.01, hi=0.03),
+            _c("acl", 0.20, pid="p-alf", metric="worst_case_Linf_0.032", p=0.2),
+            _c("dynacl", 0.05, pid="p-alf", metric="worst_case_Linf_0.032", lo=-0.01, hi=0.11),
+            _c("acl", 0.30, pid="p-aff", n=1),
+            _c("rocl", 0.10, pid="p-aff", n=1),
+        ],
+    }
+    text = readme.beside(data)
+    lines = text.splitlines()
+    assert lines[2] == (
+        "| in-domain | SLF | clean | supervised +8.0 [+6.0, +10.0] (Holm p < 0.001; established) "
+        "| acl -10.0 [-12.0, -8.0] (Holm p < 0.001; established) |"
+    )
+    assert lines[3] == (
+        "| in-domain | ALF | worst_case_Linf_0.032 | acl +20.0 [+18.0, +22.0] (Holm p = 0.2; not established)"
+        " | dynacl +5.0 [-1.0, +11.0] (Holm p < 0.001; not established) |"
+    )
+    assert (
+        lines[4].startswith("| in-domain | AFF | clean | acl +30.0")
+        and "one seed: no seed interval" in lines[4]
+    )
+    assert len(lines) == 7 and "all 1,234 tests" in lines[-1]  # no transfer rows: no transfer line
+    with pytest.raises(UserError, match="not simclr"):
+        readme.beside({**data, "baseline": "nca"})
+
+
+def test_beside_on_real_rows_reads_compare_json() -> None:
+    data = json.loads(main_compare([ROWS], "simclr", as_json=True))
+    assert set(data["protocols"].values()) == {"slf"}
+    text = readme.beside(data)
+    clean = [c for c in data["comparisons"] if c["setting"] == "in-domain" and c["metric"] == "clean"]
+    best = max((c for c in clean if c["candidate"] != CONTROL_LABEL), key=lambda c: c["diff"])
+    assert f"| in-domain | SLF | clean | {best['candidate']} " in text
+
+
+def _manifests(folder: Path) -> Path:
+    """One checkpoint manifest per trained checkpoint of the fixture rows (kNN before and after)."""
+    for r in load_rows(ROWS):
+        if r["control"]:
+            continue
+        d = folder / r["checkpoint_id"]
+        d.mkdir(parents=True, exist_ok=True)
+        manifest = {"loss": r["loss"], "dataset": r["pretrain_dataset"], "seed": r["train_seed"],
+                    "weights_sha256": r["checkpoint_sha256"], "knn_acc_init": 0.6,
+                    "knn_acc": 0.75}  # fmt: skip
+        (d / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_regenerate_rewrites_every_marked_section_and_leaves_the_prose(tmp_path: Path) -> None:
+    board = tmp_path / "board"
+    shutil.copytree(ROWS, board / "rows")
+    marks = list(readme.sections())
+    prose = [f"hand-written paragraph {i}\n" for i in range(len(marks) + 1)]
+    text = prose[0] + "".join(f"{b}\nstale\n{e}\n{p}" for (b, e), p in zip(marks, prose[1:], strict=True))
+    (board / "README.md").write_text(text)
+    manifests = _manifests(tmp_path / "models")
+    assert readme.main([str(board), str(manifests)]) == 0
+    out = (board / "README.md").read_text()
+    assert "stale" not in out and all(p in out for p in prose)
+    nacl = claims.reading(json.loads(claims.main_claims([board], "nacl", output="json")))
+    assert f"{claims.BEGIN}\n{nacl}{claims.END}" in out
+    robust = claims.reading(json.loads(claims.main_claims([board], "robust-ssl", output="json")))
+    begin, end = claims.markers("robust-ssl")
+    assert f"{begin}\n{robust}{end}" in out
+    t = targets.targets_markdown(targets.targets(targets.read_manifests(manifests), load_rows(board)))
+    assert f"{targets.BEGIN}\n{t}{targets.END}" in out and "+15.0" in t  # 0.60 -> 0.75 kNN
+    assert readme.regenerate(board, manifests) == out  # made again: the same text
+    # a README without one of the sections is a one-line error, and nothing is written
+    (board / "README.md").write_text(text.replace(readme.BESIDE[0], ""))
+    assert readme.main([str(board), str(manifests)]) == 2
+    assert (board / "README.md").read_text() == text.replace(readme.BESIDE[0], "")
+    assert readme.main([str(board)]) == 2
