@@ -28,6 +28,9 @@ from .published import CARD, MODELS_DIR
 from .results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
 from .zoo import ZooEntry, checkpoint_dir, write_entry
 
+#: The trainer's per-epoch log (kNN and quick-probe accuracy): published beside the weights.
+LOG = "log.jsonl"
+
 #: Written into every card of a published zoo model.
 AUTHORS = "robustbench-nacl (trained from the shipped zoo manifests)"
 
@@ -63,6 +66,8 @@ def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: P
     dest = target / MODELS_DIR / entry.id
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / manifest["weights"], dest / WEIGHTS)
+    if (src / LOG).is_file():  # the learning curve (`zoo curves --out <set>/models` draws it)
+        shutil.copyfile(src / LOG, dest / LOG)
     write_json_atomic(dest / "manifest.json", {**manifest, "weights": WEIGHTS})
     reported = json.loads((published_dir() / "paper_reported.json").read_text()).get(entry.loss, [])
     card = card_of_rows(rows, name=entry.id, authors=AUTHORS, venue="", link=None, paper_reported=reported)

@@ -5,6 +5,7 @@ A published set is a folder of the package's ``files/published/`` (one per zoo, 
     <set>/models/<name>/manifest.json       the trainer's checkpoint manifest
     <set>/models/<name>/weights.safetensors  the encoder's weights (sha256 pinned by the card)
     <set>/models/<name>/card.json            its model card (eval/cards.py; schema files/schemas/)
+    <set>/models/<name>/log.jsonl            its learning curve, where the trainer logged one
     <set>/heads/<key>.safetensors            the fitted linear heads of the committed rows (eval/heads.py)
     <set>/rows.jsonl.gz                      the committed result rows in one pack (controls' rows too)
     <set>/coverage.json                      the presets and seeds this set covers

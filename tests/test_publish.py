@@ -61,6 +61,24 @@ def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_publish
         assert mine == theirs
     first = (target / ROW_PACK).read_bytes()
     assert cli.main(publish_argv) == 0 and (target / ROW_PACK).read_bytes() == first  # same rows, same bytes
+    # the learning curve travels with the weights: `zoo curves` draws it from the published set
+    assert (target / "models" / e.id / "log.jsonl").read_text() == (ck / e.id / "log.jsonl").read_text()
+    assert (
+        cli.main(
+            [
+                "zoo",
+                "curves",
+                "--zoo",
+                "t",
+                "--out",
+                str(target / "models"),
+                "--leaderboard",
+                str(tmp_path / "fig"),
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "fig" / "learning_curves.png").is_file()
     # the zoo manifest is pinned to the published weights
     sha = sha256_file(ck / e.id / WEIGHTS)
     assert zoo.load_zoo("t")[0].weights_sha256 == sha == sha256_file(target / "models" / e.id / WEIGHTS)
