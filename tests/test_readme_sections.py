@@ -83,7 +83,7 @@ def _manifests(folder: Path) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         manifest = {"loss": r["loss"], "dataset": r["pretrain_dataset"], "seed": r["train_seed"],
                     "weights_sha256": r["checkpoint_sha256"], "knn_acc_init": 0.6,
-                    "knn_acc": 0.75}  # fmt: skip
+                    "knn_acc": 0.75, "wall_s": 10.0}  # fmt: skip
         (d / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
@@ -112,3 +112,29 @@ def test_regenerate_rewrites_every_marked_section_and_leaves_the_prose(tmp_path:
     assert readme.main([str(board), str(manifests)]) == 2
     assert (board / "README.md").read_text() == text.replace(readme.BESIDE[0], "")
     assert readme.main([str(board)]) == 2
+
+
+def test_cost_counts_each_setting_once_and_the_worst_case_rows_not_at_all() -> None:
+    def row(
+        sha: str, dataset: str, attack: str, wall: float, fit: float, protocol: str | None = None
+    ) -> dict:
+        ft = {"finetune": {"protocol": protocol}} if protocol else {}
+        return {"checkpoint_sha256": sha, "dataset": dataset, "attack": attack, "wall_s": wall,
+                "probe_wall_s": fit, **ft}  # fmt: skip
+
+    rows = [
+        row("a", "in", "fgsm", 1.0, 7.0),
+        row("a", "in", "autoattack", 100.0, 7.0),
+        row("a", "in", "worst_case", 101.0, 7.0),  # the sum of the two above: not counted again
+        row("a", "tr", "fgsm", 2.0, 5.0),
+        row("b", "in", "fgsm", 3.0, 9.0),
+        row("a", "in", "fgsm", 4.0, 170.0, "alf"),
+    ]
+    text = readme.cost([{"wall_s": 80.0}, {"wall_s": 100.0}], rows)
+    lines = text.splitlines()
+    assert lines[2] == "| training | 2 | – | 180 s (0.1 h) | – | 90 s |"
+    # SLF: a = 1 + 100 + 2 + 7 + 5 = 115, b = 3 + 9 = 12; AutoAttack 100
+    assert lines[3] == "| SLF evaluation | 2 | 3 | 127 s (0.0 h) | 100 s (0.0 h) | 64 s |"
+    assert lines[4] == "| ALF evaluation | 1 | 1 | 174 s (0.0 h) | 0 s (0.0 h) | 174 s |"
+    assert lines[5] == "| all | | | 481 s (0.1 h) | | |"
+    assert "about 0.1 hours" in text

@@ -5,7 +5,9 @@ by hand (docs/decisions.md, "Reference leaderboard"):
   (:func:`.claims.reading` of ``compare --claims NAME --json``);
 - ``targets``: the training targets, from the checkpoints' manifests and the rows (:mod:`.targets`);
 - ``beside``: beside the claims, the families furthest above and below SimCLR in the main tables,
-  from ``compare --baseline simclr --json`` (:func:`beside`).
+  from ``compare --baseline simclr --json`` (:func:`beside`);
+- ``cost``: what each stage cost in core-seconds, from the manifests' and the rows' own timings
+  (:func:`cost`).
 
 ``python -m robustbench_nacl.report.readme BOARD MANIFESTS`` rewrites each section of
 ``BOARD/README.md`` between its markers, atomically; the tests regenerate each section from the
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from ..errors import UserError
 from ..io import write_bytes_atomic
+from ..results.rows import protocol_name
 from .aggregate import CONTROL_LABEL
 from .fmt import fmt_diff, fmt_p
 from .fmt import splice as splice_between
@@ -33,6 +37,7 @@ MAIN_TABLES = (("in-domain", "slf"), ("transfer", "slf"), ("in-domain", "alf"), 
 MAIN_METRICS = ("clean", "worst_case_Linf_0.032")
 ALPHA = 0.05
 BESIDE = ("<!-- beside:begin -->", "<!-- beside:end -->")
+COST = ("<!-- cost:begin -->", "<!-- cost:end -->")
 
 
 def _verdict(c: dict[str, Any]) -> str:
@@ -84,6 +89,52 @@ def beside(data: dict[str, Any]) -> str:
     return "\n".join([*lines, "", legend]) + "\n"
 
 
+def _seconds(x: float) -> str:
+    return f"{x:,.0f} s ({x / 3600:.1f} h)"
+
+
+def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> str:
+    """A table of what each stage cost, in seconds of one core (every process ran one torch thread):
+    training from the manifests' ``wall_s``; each protocol's evaluation from its rows, per setting
+    the probe's or the finetuning's ``probe_wall_s`` plus each attack row's ``wall_s`` (the worst-case
+    rows only add up the others, so they are not counted), AutoAttack's rows apart."""
+    train = [float(m["wall_s"]) for m in manifests]
+    lines = [
+        "| stage | encoders | settings | core-seconds | of which AutoAttack | median per encoder |",
+        "|---|---|---|---|---|---|",
+        f"| training | {len(train)} | – | {_seconds(sum(train))} | – | {median(train):,.0f} s |",
+    ]
+    by: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        st = by.setdefault(protocol_name(r), {"fit": {}, "attack": 0.0, "aa": 0.0, "enc": {}})
+        setting = (r["checkpoint_sha256"], r["dataset"])
+        st["fit"][setting] = float(r.get("probe_wall_s") or 0.0)
+        if r["attack"] != "worst_case":
+            wall = float(r.get("wall_s") or 0.0)
+            st["attack"] += wall
+            st["aa"] += wall if r["attack"] == "autoattack" else 0.0
+            st["enc"][r["checkpoint_sha256"]] = st["enc"].get(r["checkpoint_sha256"], 0.0) + wall
+        st["enc"].setdefault(r["checkpoint_sha256"], 0.0)
+    total = sum(train)
+    for name in ("slf", "alf", "aff"):
+        if name not in by:
+            continue
+        st = by[name]
+        per_enc = dict(st["enc"])
+        for (sha, _), fit in st["fit"].items():
+            per_enc[sha] += fit
+        spent = sum(per_enc.values())
+        total += spent
+        lines.append(
+            f"| {name.upper()} evaluation | {len(per_enc)} | {len(st['fit'])} | {_seconds(spent)} | "
+            f"{_seconds(st['aa'])} | {median(per_enc.values()):,.0f} s |"
+        )
+    lines.append(f"| all | | | {_seconds(total)} | | |")
+    return "\n".join(lines) + (
+        f"\n\nOn two cores at once: about {total / 2 / 3600:.1f} hours of wall time, had nothing else run.\n"
+    )
+
+
 def _claims(name: str) -> Callable[[Path, Path], str]:
     def make(board: Path, manifests: Path) -> str:
         from .claims import main_claims, reading
@@ -106,6 +157,13 @@ def _beside(board: Path, manifests: Path) -> str:
     return beside(json.loads(main_compare([board], BASELINE, as_json=True)))
 
 
+def _cost(board: Path, manifests: Path) -> str:
+    from ..results.rows import load_rows
+    from .targets import read_manifests
+
+    return cost(read_manifests(manifests), load_rows(board))
+
+
 def sections() -> dict[tuple[str, str], Callable[[Path, Path], str]]:
     """(begin marker, end marker) -> the function making that section from (board, manifests)."""
     from . import claims, targets
@@ -115,6 +173,7 @@ def sections() -> dict[tuple[str, str], Callable[[Path, Path], str]]:
         claims.markers("robust-ssl"): _claims("robust-ssl"),
         (targets.BEGIN, targets.END): _targets,
         BESIDE: _beside,
+        COST: _cost,
     }
 
 
