@@ -19,6 +19,8 @@ robustbench-nacl zoo verify --zoo fashion-mnist --out /nonexistent   # the publi
 git rm -rq leaderboard/rows
 mkdir -p leaderboard/rows
 cp "$board"/rows/*.json leaderboard/rows/
+git mv -k reference-run/pilot leaderboard/pilot
+cp reference-run/leaderboard-README.md leaderboard/README.md   # the prose; step 5 fills its sections
 
 # 3. render (every entry's rows are present: nothing is trained or evaluated, the board is drawn)
 ROBUSTBENCH_NACL_WRITE_REFERENCE=1 robustbench-nacl zoo run --zoo fashion-mnist \
