@@ -26,14 +26,14 @@ from robustbench_nacl.eval.sanity import PROBE_UNDERFIT_GAP, add_flags, check_pr
 from robustbench_nacl.eval.settings import IdentityFields, Setting
 from robustbench_nacl.models.features import feature_scaler
 from robustbench_nacl.results.finetune import AlfConfig
-from robustbench_nacl.results.rows import protocol_id, protocol_name, row_id
+from robustbench_nacl.results.rows import load_rows, protocol_id, protocol_name, row_id
 from robustbench_nacl.zoo import load_zoo
 from robustbench_nacl.zoo.manifests import parse_entry
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = [
-    ROOT / "leaderboard" / "rows",
-    ROOT / "robustbench_nacl" / "files" / "published" / "demo" / "rows",
+COMMITTED = [  # the reference's rows (one file each) and the published demo set's (one row pack)
+    ROOT / "leaderboard",
+    ROOT / "robustbench_nacl" / "files" / "published" / "demo",
 ]
 SUITE = {"name": "fit-test", "attack": [{"name": "fgsm", "eps": [0.05]}]}
 
@@ -136,9 +136,9 @@ def _identity_of(row: dict) -> dict:
     return {**row, **ident}
 
 
-@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
 def test_committed_rows_keep_their_row_and_protocol_ids(folder: Path) -> None:
-    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    rows = [r.to_json() for r in load_rows(folder)]
     assert len(rows) > 4
     for row in rows:
         again = _identity_of(row)
