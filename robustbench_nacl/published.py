@@ -35,7 +35,7 @@ from .eval.probe import ProbedClassifier
 from .io import sha256_file
 from .models.checkpoint import WEIGHTS
 from .packaged import published_dir
-from .results.rows import ResultRow, load_rows
+from .results.rows import ResultRow, load_rows, protocol_name
 
 CACHE_ENV = "ROBUSTBENCH_NACL_CACHE"
 MODELS_DIR, ROWS_DIR, CARD = "models", "rows", "card.json"
@@ -201,11 +201,12 @@ def model_rows(model: PublishedModel) -> list[ResultRow]:
 
 
 def protocol_row(model: PublishedModel, protocol: str | None) -> ResultRow:
-    """A committed row of the model under ``protocol``: a protocol id, a dataset spec or a setting name.
+    """A committed SLF row of the model under ``protocol``: a protocol id, a dataset spec or a setting
+    name (SLF rows only: their linear heads are what a set publishes; ALF and AFF train their own).
 
     None is the in-domain protocol. A one-line error lists the model's protocols otherwise.
     """
-    rows = model_rows(model)
+    rows = [r for r in model_rows(model) if protocol_name(r) == "slf"]
     want = protocol or "in-domain"
     for r in rows:
         if want in (r["protocol_id"], r["dataset"], r["setting"]):

@@ -167,3 +167,16 @@ def test_a_row_pack_is_deterministic_deduplicated_and_a_damaged_one_is_one_line(
     with pytest.raises(UserError) as err:
         load_rows(a)
     assert str(err.value).startswith(f"cannot read row pack {a / ROW_PACK}") and "\n" not in str(err.value)
+
+
+def test_a_head_is_looked_up_among_slf_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    def row(pid: str, setting: str, protocol: str | None = None) -> dict:
+        ft = {"finetune": {"protocol": protocol}} if protocol else {}
+        return {"protocol_id": pid, "setting": setting, "dataset": "fashion-mnist:0-4", **ft}
+
+    rows = [row("p-alf", "in-domain", "alf"), row("p-aff", "in-domain", "aff"), row("p-slf", "in-domain")]
+    monkeypatch.setattr(published, "model_rows", lambda model: rows)
+    model = published.PublishedModel("m", "s", Path("s/models/m"), {})
+    assert published.protocol_row(model, None)["protocol_id"] == "p-slf"  # not the ALF row before it
+    with pytest.raises(UserError, match=r"m has no rows under protocol 'p-alf'; its protocols: p-slf \("):
+        published.protocol_row(model, "p-alf")
