@@ -40,7 +40,8 @@ def published_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_published_copy(
     tmp_path: Path, published_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    e = tiny_entry(tmp_path / "zoo", "simclr")
+    # a corruption setting too: it attacks the in-domain head, which publishing must find
+    e = tiny_entry(tmp_path / "zoo", "simclr", corruptions="gaussian_noise", severities="1")
     ck, board = tmp_path / "ck", tmp_path / "board"
     assert (
         cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
@@ -52,6 +53,7 @@ def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_publish
     # the rows: one pack, the same rows as the board's (the entry's and its control's), row ids kept
     assert (target / ROW_PACK).is_file() and not (target / "rows").exists()
     board_rows = {r.row_id: r for r in load_rows(board)}
+    assert {r["setting"] for r in board_rows.values()} == {"in-domain", "corruption"}
     packed = load_rows(target)
     assert {r.row_id for r in packed} == set(board_rows) and len(packed) == len(board_rows)
     for r in packed:
@@ -96,6 +98,8 @@ def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_publish
     clf = published.load_model(e.id, head=True)
     x = torch.rand(3, 1, 8, 8)
     assert clf(x).shape == (3, 5)
+    corrupted = published.load_model(e.id, protocol="corruption", head=True)  # the in-domain head
+    assert torch.equal(corrupted.head.weight, clf.head.weight)
     # one flipped bit in the published weights: verify says changed and exits 1
     w = target / "models" / e.id / WEIGHTS
     data = bytearray(w.read_bytes())

@@ -25,8 +25,15 @@ from .probe import ProbeResult
 HEADS_DIR = "heads"
 
 
+#: Settings that attack another setting's probe: a corruption setting attacks the in-domain head on
+#: corrupted test images (the same probe, fitted once), so it has no head of its own.
+PROBED_AS = {"corruption": "in-domain"}
+
+
 def head_key(checkpoint_sha256: str, setting: str, dataset: str, probe_config: dict[str, Any]) -> str:
-    """The content address of a head: a hash of everything that determines its weights."""
+    """The content address of a head: a hash of everything that determines its weights (a corruption
+    row's head is its in-domain head: :data:`PROBED_AS`)."""
+    setting = PROBED_AS.get(setting, setting)
     ident = {"checkpoint_sha256": checkpoint_sha256, "setting": setting, "dataset": dataset}
     return sha256_bytes(canonical_json({**ident, "probe_config": probe_config}).encode())[:24]
 

@@ -228,8 +228,7 @@ def _check_unchanged(before: dict[str, torch.Tensor], encoder: nn.Module) -> Non
 def _probe(job: Job, setting: Setting, train: ImageData, test: ImageData) -> tuple[nn.Module, Any]:
     """The linear probe of a setting (SLF): a stored head when ``job.heads`` has one, else fitted (on a
     copy of the encoder, so the caller's module is untouched too)."""
-    name = "in-domain" if setting.name == "corruption" else setting.name  # the same probe, the same head
-    key = head_key(job.ident.checkpoint_sha256, name, setting.dataset, job.ident.probe.as_dict())
+    key = head_key(job.ident.checkpoint_sha256, setting.name, setting.dataset, job.ident.probe.as_dict())
     stored = load_head(job.heads, key) if job.heads else None
     if stored is not None:
         head, probe_result = stored
