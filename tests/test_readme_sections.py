@@ -138,3 +138,29 @@ def test_cost_counts_each_setting_once_and_the_worst_case_rows_not_at_all() -> N
     assert lines[4] == "| ALF evaluation | 1 | 1 | 174 s (0.0 h) | 0 s (0.0 h) | 174 s |"
     assert lines[5] == "| all | | | 481 s (0.1 h) | | |"
     assert "about 0.1 hours" in text
+
+
+def test_family_parameters_are_what_every_recipe_of_a_family_shares_beyond_the_nacl_ones(
+    tmp_path: Path,
+) -> None:
+    from robustbench_nacl.report.aggregate import family_parameters
+
+    recipes = [
+        ("acl", "views=acl acl_mode=ds attack_eps=0.03 attack_steps=5"),
+        ("acl", "views=acl acl_mode=a2a attack_eps=0.03 attack_steps=5"),
+        ("mixnca", "G1=g2 M=3 lam=0.5"),  # NaCl parameters only: shown in every cell, as before
+        ("plug", "scale=2.0"),
+    ]
+    assert family_parameters(recipes) == {"acl": "attack_eps=0.03 attack_steps=5", "plug": "scale=2.0"}
+    # on a board: the cell keeps the NaCl parameters, the legend lists the family's shared ones once
+    from robustbench_nacl.packaged import published_dir
+    from robustbench_nacl.report.aggregate import aggregate
+    from robustbench_nacl.report.leaderboard import render_leaderboard
+
+    rows = [r.to_json() for r in load_rows(published_dir() / "demo") if r["loss"] == "simclr"]
+    rows = [{**r, "loss": "acl", "key_params": "views=acl attack_steps=5"} for r in rows]
+    entries, _ = aggregate(rows)
+    assert {e.recipe.key_params for e in entries if not e.recipe.control} == {"views=acl"}
+    page = render_leaderboard(rows, tmp_path)["LEADERBOARD.md"].read_text()
+    assert "- **family parameters**: " in page and "acl: `attack_steps=5`" in page
+    assert "| acl           | views=acl " in page

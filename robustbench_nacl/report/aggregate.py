@@ -265,8 +265,26 @@ def _short_names(paths: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
     return {p: (p[-1] if len(last[p[-1]]) == 1 else ".".join(p[-2:])) if p else "" for p in paths}
 
 
+def family_parameters(recipes: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """(family, key parameters) of each recipe -> per family, the parameters beyond the NaCl ones
+    (:data:`KEY_PARAMS`: a robust-SSL family's attack settings, a plugin's own parameters) that every
+    recipe of the family shares. They are shown once per board (the legend), not in every cell."""
+    tokens: dict[str, list[set[str]]] = defaultdict(list)
+    for family, key_params in recipes:
+        tokens[family].append({t for t in key_params.split() if t.split("=", 1)[0] not in KEY_PARAMS})
+    shared = {f: set.intersection(*ts) for f, ts in tokens.items()}
+    return {f: " ".join(sorted(ts, key=lambda t: t.split("=", 1)[0])) for f, ts in shared.items() if ts}
+
+
 def _with_differences(first_row: Mapping[str, ResultRow]) -> dict[str, Recipe]:
     recipes = {rid: _recipe(r) for rid, r in first_row.items()}
+    shared = family_parameters((rec.family, rec.key_params) for rec in recipes.values() if not rec.control)
+    recipes = {  # the cell keeps what tells a family's recipes apart; the legend lists the rest
+        rid: replace(rec, key_params=" ".join(t for t in rec.key_params.split() if t not in common))
+        if (common := set(shared.get(rec.family, "").split())) and not rec.control
+        else rec
+        for rid, rec in recipes.items()
+    }
     differs = recipe_differences({rid: (rec.family, first_row[rid].recipe) for rid, rec in recipes.items()})
     return {rid: replace(rec, differs=differs[rid]) for rid, rec in recipes.items()}
 

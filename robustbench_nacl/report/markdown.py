@@ -13,7 +13,17 @@ from tabulate import tabulate
 from ..results.eps import eps_label
 from ..results.rows import SETTINGS
 from . import protocols
-from .aggregate import CONTROL_LABEL, Context, Entry, Recipe, Table, distinct, join, provenance
+from .aggregate import (
+    CONTROL_LABEL,
+    Context,
+    Entry,
+    Recipe,
+    Table,
+    distinct,
+    family_parameters,
+    join,
+    provenance,
+)
 from .compare import NO_BITS, table_delta
 from .fmt import MISSING, fmt_points, fmt_with_n, n_clipped, p_label, pct
 from .ranking import tie
@@ -393,6 +403,17 @@ def _optional_items(ctx: Context, dropped: int) -> list[tuple[str, str]]:
             "may be overstated.",
         ),
     ]
+    shared = family_parameters((r.loss, r.key_params) for r in ctx.rows if not r.control)
+    if shared:
+        items.append(
+            (
+                "family parameters",
+                "the parameters every recipe of a family on this board shares beyond the NaCl ones (the key "
+                "parameters column shows only what tells a family's recipes apart): "
+                + "; ".join(f"{f}: `{params}`" for f, params in sorted(shared.items()))
+                + ".",
+            )
+        )
     if any(e.recipe.differs for e in ctx.entries):
         items.append(
             (
