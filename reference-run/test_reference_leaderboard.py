@@ -1,0 +1,117 @@
+"""The published reference leaderboard (leaderboard/): its outputs are what the renderer makes of its
+committed rows, the rows cover what the reference protocol promises (docs/decisions.md, 'Reference
+leaderboard'), every row names published weights that verify, and every generated section of its
+README is what the code makes of the committed rows and manifests."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from robustbench_nacl import zoo
+from robustbench_nacl.io import sha256_file
+from robustbench_nacl.losses import PRESETS
+from robustbench_nacl.packaged import published_dir
+from robustbench_nacl.report import readme
+from robustbench_nacl.report.leaderboard import render_leaderboard
+from robustbench_nacl.results.rows import load_rows, protocol_name
+
+BOARD = Path(__file__).resolve().parents[1] / "leaderboard"
+SET = published_dir() / "fashion-mnist"
+MODELS = SET / "models"
+SEEDS = {0, 1, 2}
+SHIFTS = {"fashion-mnist:0-4@crop", "fashion-mnist:0-4@flip", "fashion-mnist:0-4@jitter"}
+CORRUPTIONS = 9 * 3  # the nine grey-image corruptions at severities 1, 3 and 5
+
+
+@pytest.fixture(scope="module")
+def rows() -> list:
+    return load_rows(BOARD)
+
+
+def _seed(r) -> int:
+    return int(r["seed"] if r["control"] else r["train_seed"])
+
+
+def test_committed_markdown_and_csv_are_what_the_renderer_makes_of_the_committed_rows(
+    rows: list, tmp_path: Path
+) -> None:
+    meta = json.loads((BOARD / "leaderboard.json").read_text())  # how the committed board was rendered
+    render_leaderboard(rows, tmp_path, command=meta["command"], rank_by=meta["rank_by"])
+    for name in ("LEADERBOARD.md", "results.csv"):
+        assert (tmp_path / name).read_text() == (BOARD / name).read_text(), f"{name} differs: re-render it"
+
+
+def test_every_family_and_the_control_under_every_protocol_setting_and_seed(rows: list) -> None:
+    seeds: dict[tuple, set[int]] = defaultdict(set)
+    for r in rows:
+        where = (r["setting"], r["dataset"], r.get("corruption"), r.get("severity"))
+        seeds[(r["loss"], protocol_name(r), *where)].add(_seed(r))
+    families = {k[0] for k in seeds}
+    declared = set(json.loads((BOARD / "coverage.json").read_text())["presets"])
+    assert families == declared | {"random-init"} and declared <= set(PRESETS.names())
+    if missing := sorted(set(PRESETS.names()) - declared):
+        print(f"not in the reference yet: {', '.join(missing)}")
+    for family in families:
+        mine = {k[1:]: v for k, v in seeds.items() if k[0] == family}
+        slf = {k[1:]: v for k, v in mine.items() if k[0] == "slf"}
+        assert slf[("in-domain", "fashion-mnist:0-4", None, None)] == SEEDS, family
+        assert slf[("transfer", "fashion-mnist:5-9", None, None)] == SEEDS, family
+        assert {k[1] for k in slf if k[0] == "shift"} == SHIFTS, family
+        assert all(v == SEEDS for k, v in slf.items()), family
+        assert sum(k[0] == "corruption" for k in slf) == CORRUPTIONS, family
+        assert mine[("alf", "in-domain", "fashion-mnist:0-4", None, None)] == SEEDS, family  # ALF: every seed
+        assert mine[("aff", "in-domain", "fashion-mnist:0-4", None, None)] == {0}, family  # AFF: seed 0
+        assert {k[1] for k in mine if k[0] in ("alf", "aff")} == {"in-domain"}, family
+    assert {r["n_examples"] for r in rows} == {500} and {r["n_examples_evaluated"] for r in rows} == {500}
+
+
+def test_autoattack_standard_in_domain_and_its_apgd_in_transfer_for_every_encoder(rows: list) -> None:
+    aa: dict[tuple, dict] = {}
+    encoders = set()
+    for r in rows:
+        key = (r["checkpoint_sha256"], protocol_name(r), r["setting"], r["dataset"])
+        if r["setting"] in ("in-domain", "transfer"):
+            encoders.add(key)
+        if r["attack"] == "autoattack":
+            assert r["eps"] == 0.032 and r["attack_versions"].get("pyautoattack"), r["row_id"]
+            aa[key] = dict(r["attack_params"])
+    assert set(aa) == encoders  # every encoder, protocol and main setting has its AutoAttack row
+    assert {json.dumps(p, sort_keys=True) for (_, _, s, _), p in aa.items() if s == "in-domain"} == {
+        json.dumps({"version": "standard"})
+    }
+    assert {json.dumps(p, sort_keys=True) for (_, _, s, _), p in aa.items() if s == "transfer"} == {
+        json.dumps({"attacks": ["apgd-ce", "apgd-t"], "version": "custom"}, sort_keys=True)
+    }
+
+
+def test_every_trained_row_names_published_weights_that_verify(rows: list, tmp_path: Path) -> None:
+    entries = zoo.load_zoo("fashion-mnist")
+    cards = {p.parent.name: json.loads(p.read_text()) for p in MODELS.glob("*/card.json")}
+    assert set(cards) == {e.id for e in entries}
+    for e in entries:  # the zoo pin, the card, the manifest and the file agree
+        sha = sha256_file(MODELS / e.id / "weights.safetensors")
+        manifest = json.loads((MODELS / e.id / "manifest.json").read_text())
+        assert e.weights_sha256 == cards[e.id]["weights_sha256"] == manifest["weights_sha256"] == sha, e.id
+    for r in rows:
+        if not r["control"]:
+            assert r["checkpoint_sha256"] == cards[r["checkpoint_id"]]["weights_sha256"], r["row_id"]
+    report = zoo.verify_entries(entries, tmp_path / "nothing-trained-here")
+    assert not report.bad and not report.missing and len(report.published) == len(entries)
+
+
+def test_the_readme_states_the_published_size_as_it_is() -> None:
+    size = sum(p.stat().st_size for p in SET.rglob("*") if p.is_file())
+    weights = sum(p.stat().st_size for p in MODELS.glob("*/weights.safetensors"))
+    text = " ".join((BOARD / "README.md").read_text().split())
+    assert f"{weights / 1e6:.1f} MB of fp32 weights" in text and f"{size / 1e6:.1f} MB in all" in text
+
+
+def test_every_generated_section_of_the_readme_is_what_the_code_makes_of_the_committed_rows() -> None:
+    assert readme.regenerate(BOARD, MODELS) == (BOARD / "README.md").read_text(), (
+        "run `python -m robustbench_nacl.report.readme leaderboard "
+        "robustbench_nacl/files/published/fashion-mnist/models`"
+    )
