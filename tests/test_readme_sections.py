@@ -1,6 +1,6 @@
-"""The reference README's generated sections (report/readme.py): ``beside`` picks the families
-furthest above and below SimCLR per main table from ``compare --json`` alone, and ``regenerate``
-rewrites every marked section and nothing else."""
+"""The reference README's generated sections (report/readme.py): ``beside`` picks the families with
+the highest and lowest difference to SimCLR per main table from ``compare --json`` alone, ``cost``
+adds up the recorded timings, and ``regenerate`` rewrites every marked section and nothing else."""
 
 from __future__ import annotations
 
@@ -60,7 +60,9 @@ def test_beside_takes_the_extremes_of_each_table_and_applies_the_boards_rule() -
         lines[4].startswith("| in-domain | AFF | clean | acl +30.0")
         and "one seed: no seed interval" in lines[4]
     )
-    assert len(lines) == 7 and "all 1,234 tests" in lines[-1]  # no transfer rows: no transfer line
+    assert lines[0] == "| setting | protocol | metric | highest Δ vs simclr | lowest Δ vs simclr |"
+    assert lines[5] == "" and "all 1,234 tests" in " ".join(lines[6:])  # no transfer rows: no transfer line
+    assert max(map(len, lines[5:])) <= 100  # the legend wrapped like the README around it
     with pytest.raises(UserError, match="not simclr"):
         readme.beside({**data, "baseline": "nca"})
 

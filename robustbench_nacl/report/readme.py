@@ -4,7 +4,8 @@ by hand (docs/decisions.md, "Reference leaderboard"):
 - ``claims`` and ``claims:robust-ssl``: the readings of the two shipped claims files
   (:func:`.claims.reading` of ``compare --claims NAME --json``);
 - ``targets``: the training targets, from the checkpoints' manifests and the rows (:mod:`.targets`);
-- ``beside``: beside the claims, the families furthest above and below SimCLR in the main tables,
+- ``beside``: beside the claims, the families with the highest and lowest difference to SimCLR in
+  the main tables,
   from ``compare --baseline simclr --json`` (:func:`beside`);
 - ``cost``: what each stage cost in core-seconds, from the manifests' and the rows' own timings
   (:func:`cost`).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import median
@@ -57,12 +59,12 @@ def _cell(c: dict[str, Any]) -> str:
 
 def beside(data: dict[str, Any]) -> str:
     """A table from ``compare --baseline simclr --json``: per main table and metric, the trained
-    family furthest above the baseline and the one furthest below (the control left out)."""
+    families with the highest and the lowest difference to the baseline (the control left out)."""
     if data["baseline"] != BASELINE:
         raise UserError(f"beside: the comparisons are against {data['baseline']}, not {BASELINE}")
     protocols = data.get("protocols") or {}
     lines = [
-        f"| setting | protocol | metric | furthest above {BASELINE} | furthest below {BASELINE} |",
+        f"| setting | protocol | metric | highest Δ vs {BASELINE} | lowest Δ vs {BASELINE} |",
         "|---|---|---|---|---|",
     ]
     for setting, protocol in MAIN_TABLES:
@@ -86,7 +88,7 @@ def beside(data: dict[str, Any]) -> str:
         f"Holm-adjusted over all {data['n_tests']:,} tests of `compare --rows leaderboard --baseline "
         f"{BASELINE}`; established: Holm p < 0.05 and a seed interval excluding 0."
     )
-    return "\n".join([*lines, "", legend]) + "\n"
+    return "\n".join([*lines, "", textwrap.fill(legend, 100, break_on_hyphens=False)]) + "\n"
 
 
 def _seconds(x: float) -> str:
