@@ -160,6 +160,20 @@ def test_corruption_setting_rows_and_the_per_severity_table(tmp_path) -> None:
     for s in (1, 5):
         want = 100 * (clean[("contrast", s)] + clean[("gaussian_blur", s)]) / 2
         assert float(cells[head.index(f"s{s} clean")]) == pytest.approx(want, abs=0.051)
+    # clean accuracy at chance under a corruption: one note per corruption and severity, read as what
+    # the corruption does (every attack's row of it shares the clean accuracy)
+    at_chance = {"sanity_ok": False, "sanity_failed": "clean_above_chance"}
+    flagged = [
+        {**r, **at_chance} if (r.get("corruption"), r.get("severity")) == ("contrast", 5) else dict(r)
+        for r in rows
+    ]
+    assert sum(r.get("sanity_failed") == "clean_above_chance" for r in flagged) >= 2
+    render_leaderboard(flagged, tmp_path / "flagged")
+    md = (tmp_path / "flagged" / "LEADERBOARD.md").read_text()
+    notes = [line for line in md.splitlines() if line.startswith("- ⚠ ")]
+    assert len(notes) == 1 and "corruption contrast severity 5" in notes[0]
+    assert "clean accuracy at chance under this corruption" in notes[0]
+    assert "a clean accuracy at chance is listed too" in md
 
 
 def test_robust_ssl_suite_is_pgd20_and_autoattack_standard_at_8_255() -> None:

@@ -465,10 +465,20 @@ class Context:
             return "ok"
         marks = []
         for e, r, checks in fails:
-            text = (
-                f"{e.recipe.family}, {e.setting} {e.dataset}: `{r['checkpoint_id']}` seed {r.get('seed')}, "
-                f"{r['attack']} {r['norm']} ε={float(r['eps']):g}: failed {', '.join(checks)}"
-            )
+            run = f"`{r['checkpoint_id']}` seed {r.get('seed')}"
+            if r.get("corruption") and checks == ["clean_above_chance"]:
+                # one note per corruption and severity (every attack's row shares its clean accuracy);
+                # at chance under a corruption is what that corruption does, not a broken attack
+                text = (
+                    f"{e.recipe.family}, corruption {r['corruption']} severity {r.get('severity')}: {run}: "
+                    "clean accuracy at chance under this corruption, so there is no robustness to read here "
+                    "(a failure of the same run in-domain is listed under the in-domain table)"
+                )
+            else:
+                text = (
+                    f"{e.recipe.family}, {e.setting} {e.dataset}: {run}, "
+                    f"{r['attack']} {r['norm']} ε={float(r['eps']):g}: failed {', '.join(checks)}"
+                )
             if text not in self.note_of:
                 self.notes.append(text)
                 self.note_of[text] = len(self.notes)

@@ -400,7 +400,13 @@ def _optional_items(ctx: Context, dropped: int) -> list[tuple[str, str]]:
         (
             "sanity",
             "`⚠ k` marks an entry with a failed sanity check, listed under its table; its robust accuracy "
-            "may be overstated.",
+            "may be overstated"
+            + (
+                " (in a corruption table, a clean accuracy at chance is listed too: what the corruption "
+                "does, not an attack that failed)."
+                if any(r.get("corruption") for r in ctx.rows)
+                else "."
+            ),
         ),
     ]
     shared = family_parameters((r.loss, r.key_params) for r in ctx.rows if not r.control)
