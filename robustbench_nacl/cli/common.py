@@ -85,14 +85,17 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def protocol_arg(p: argparse.ArgumentParser) -> None:
-    """``--protocol``: one finetuning protocol or a comma list, checked as it is parsed."""
+def protocol_arg(p: argparse.ArgumentParser, default: str | None = "slf", default_text: str = "") -> None:
+    """``--protocol``: one finetuning protocol or a comma list, checked as it is parsed (``default``
+    None: resolved later, as ``default_text`` says)."""
     p.add_argument(
         "--protocol",
-        default="slf",
+        default=default,
         type=_protocols,
         help="finetuning protocol(s): slf (linear probe on clean features), alf (adversarial linear), "
-        "aff (adversarial full, TRADES), or a comma list, e.g. slf,alf,aff (default: %(default)s)",
+        "aff (adversarial full, TRADES), or a comma list, e.g. slf,alf,aff (default: "
+        + (default_text or "%(default)s")
+        + ")",
     )
 
 

@@ -52,26 +52,81 @@ _AS_GIVEN = (
 )
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    """Evaluate the checkpoint (or ``--model``), print its rows and the one-line summary."""
-    from ..eval.evaluate import evaluate
+#: what ``--like-zoo`` sets: flag -> (argparse dest, or a prefix of a config's flags)
+_ZOO_SETS = {
+    "--transfer": "transfer",
+    "--shift": "shift",
+    "--corruptions": "corruptions",
+    "--severities": "severities",
+    "--suite": "suite",
+    "--setting-suite": "setting_suite",
+    "--finetune-settings": "finetune_settings",
+    "--n-examples": "n_examples",
+    "--probe-*": "probe_",
+    "--alf-*": "alf_",
+    "--aff-*": "aff_",
+}
+
+
+def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
+    """``--like-zoo ZOO``: evaluate()'s keyword arguments as that zoo's manifests evaluate their
+    entries (the entry of ``--seed``, else the first; the evaluation seed stays ``--seed``), so that
+    the rows share the zoo's protocols and rank beside its board. The flags it sets must be left out."""
+    from dataclasses import replace
+
+    from .. import zoo
+    from ..pipeline import eval_arguments
+
+    defaults = args.eval_defaults
+    given = sorted(
+        flag
+        for flag, dest in _ZOO_SETS.items()
+        if any(
+            getattr(args, d) != v
+            for d, v in defaults.items()
+            if d == dest or (dest.endswith("_") and d.startswith(dest))
+        )
+    )
+    if given:
+        raise UserError(
+            f"--like-zoo {args.like_zoo} sets {', '.join(given)} as the zoo evaluates its entries; drop "
+            f"{'it' if len(given) == 1 else 'them'}, or drop --like-zoo and give every flag yourself"
+        )
+    entries = zoo.load_zoo(args.like_zoo)
+    entry = next((e for e in entries if e.seed == args.seed), entries[0])
+    kw = eval_arguments(replace(entry, seed=args.seed))
+    kw["dataset"] = args.dataset or entry.dataset
+    kw["protocol"] = args.protocol or kw["protocol"]
+    del kw["control"]
+    return kw
+
+
+def _from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """evaluate()'s keyword arguments from the flags themselves."""
     from ..eval.probe import ProbeConfig
     from ..results.finetune import AffConfig, AlfConfig
 
+    kw = {name: getattr(args, name) for name in _AS_GIVEN}
+    return {
+        **kw,
+        "protocol": args.protocol or "slf",
+        "transfer": _resolve_transfer(args),
+        "probe": ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
+        "alf": AlfConfig(**config_values(AlfConfig, args, prefix="alf-")),
+        "aff": AffConfig(**config_values(AffConfig, args, prefix="aff-")),
+        "setting_suites": _setting_suites(args.setting_suite),
+    }
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Evaluate the checkpoint (or ``--model``), print its rows and the one-line summary."""
+    from ..eval.evaluate import evaluate
+
     refuse_reference_dir(args.out)
+    zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
     checkpoint, heads = _eval_source(args)
-    rows = evaluate(
-        checkpoint,
-        heads=heads,
-        transfer=_resolve_transfer(args),
-        fmt=args.format,
-        progress=not args.no_progress,
-        probe=ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
-        alf=AlfConfig(**config_values(AlfConfig, args, prefix="alf-")),
-        aff=AffConfig(**config_values(AffConfig, args, prefix="aff-")),
-        setting_suites=_setting_suites(args.setting_suite),
-        **{name: getattr(args, name) for name in _AS_GIVEN},
-    )
+    kw = _from_flags(args) | zoo_kw
+    rows = evaluate(checkpoint, heads=heads, fmt=args.format, progress=not args.no_progress, **kw)
     _print_rows(rows)
     # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
     summary = getattr(rows, "summary", None)
@@ -224,9 +279,19 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", default=None)
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
-    protocol_arg(p)
+    protocol_arg(p, default=None, default_text="slf; with --like-zoo, the zoo's")
     _budget_args(p)
     from ..results.finetune import AffConfig, AlfConfig
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
     add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")
+    p.add_argument(
+        "--like-zoo",
+        default=None,
+        metavar="ZOO",
+        help="evaluate as zoo ZOO's manifests evaluate their entries (its settings, suites, probe, "
+        "finetuning and number of examples), so the rows rank beside its board, e.g. fashion-mnist for "
+        "leaderboard/; --protocol and --seed still apply",
+    )
+    # what every flag defaults to: --like-zoo refuses a flag it sets that was given too
+    p.set_defaults(eval_defaults={a.dest: a.default for a in p._actions if a.dest != "help"})

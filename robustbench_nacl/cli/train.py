@@ -37,11 +37,12 @@ def run_train(args: argparse.Namespace) -> int:
     from ..training import TrainConfig, check_settings, distributed
 
     writable_out(args.out)
+    values = config_values(TrainConfig, args, skip=_TRAIN_SPECIAL)
+    encoder_kwargs = json_kv(args.encoder_arg)
+    if args.like_zoo:
+        values, encoder_kwargs = _like_zoo(args, values)
     cfg = TrainConfig(
-        loss=args.loss,
-        overrides=parse_overrides(args.set),
-        encoder_kwargs=json_kv(args.encoder_arg),
-        **config_values(TrainConfig, args, skip=_TRAIN_SPECIAL),
+        loss=args.loss, overrides=parse_overrides(args.set), encoder_kwargs=encoder_kwargs, **values
     )
     launched = distributed.launched_world_size()
     if args.nproc is not None and args.nproc < 1:
@@ -56,6 +57,39 @@ def run_train(args: argparse.Namespace) -> int:
             distributed.check_gpus(args.nproc)
         return distributed.launch(args.nproc, distributed.strip_nproc(args._argv))
     return _train_here(args, cfg)
+
+
+#: what ``train --like-zoo`` sets: flag -> TrainConfig field (``encoder_kwargs``: --encoder-arg)
+_ZOO_SETS = {
+    "--dataset": "dataset",
+    "--encoder": "encoder",
+    "--encoder-arg": "encoder_arg",
+    "--epochs": "epochs",
+    "--batch-size": "batch_size",
+    "--lr": "lr",
+    "--weight-decay": "weight_decay",
+    "--max-train": "max_train",
+}
+
+
+def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--like-zoo ZOO``: the encoder, dataset and recipe of that zoo's entries (its first entry's;
+    a zoo trains every entry with one recipe), so the checkpoint is trained as the reference's were.
+    The loss's own parameters stay yours (``--set``); the flags it sets must be left out."""
+    from .. import zoo
+    from ..zoo.entry import RECIPE_KEYS
+
+    given = sorted(f for f, dest in _ZOO_SETS.items() if getattr(args, dest) != args.train_defaults[dest])
+    if given:
+        raise UserError(
+            f"--like-zoo {args.like_zoo} sets {', '.join(given)} as the zoo trains its entries; drop "
+            f"{'it' if len(given) == 1 else 'them'}, or drop --like-zoo and give every flag yourself"
+        )
+    entry = zoo.load_zoo(args.like_zoo)[0]
+    recipe = {k: entry.recipe[k] for k in RECIPE_KEYS if k in entry.recipe}
+    return {**values, "dataset": entry.dataset, "encoder": entry.encoder, **recipe}, dict(
+        entry.encoder_kwargs
+    )
 
 
 def _train_here(args: argparse.Namespace, cfg: Any) -> int:
@@ -131,3 +165,12 @@ def train_args(p: argparse.ArgumentParser) -> None:
     add_config_flags(
         p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices={"precision": ["fp32", "bf16"]}
     )
+    p.add_argument(
+        "--like-zoo",
+        default=None,
+        metavar="ZOO",
+        help="train with zoo ZOO's encoder, dataset and recipe (epochs, batch size, lr, weight decay, "
+        "training images), e.g. fashion-mnist for the reference of leaderboard/; your loss and --set stay",
+    )
+    # what every flag defaults to: --like-zoo refuses a flag it sets that was given too
+    p.set_defaults(train_defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
