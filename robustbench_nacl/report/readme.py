@@ -5,8 +5,7 @@ by hand (docs/decisions.md, "Reference leaderboard"):
   (:func:`.claims.reading` of ``compare --claims NAME --json``);
 - ``targets``: the training targets, from the checkpoints' manifests and the rows (:mod:`.targets`);
 - ``beside``: beside the claims, the families with the highest and lowest difference to SimCLR in
-  the main tables,
-  from ``compare --baseline simclr --json`` (:func:`beside`);
+  the main tables, from ``compare --baseline simclr --json`` (:func:`beside`);
 - ``cost``: what each stage cost in core-seconds, from the manifests' and the rows' own timings
   (:func:`cost`).
 
