@@ -285,6 +285,11 @@ def eval_args(p: argparse.ArgumentParser) -> None:
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
     add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")
+    _like_zoo_arg(p)
+
+
+def _like_zoo_arg(p: argparse.ArgumentParser) -> None:
+    """``--like-zoo``, and every flag's default, by which it tells a flag given too."""
     p.add_argument(
         "--like-zoo",
         default=None,
@@ -293,5 +298,4 @@ def eval_args(p: argparse.ArgumentParser) -> None:
         "finetuning and number of examples), so the rows rank beside its board, e.g. fashion-mnist for "
         "leaderboard/; --protocol and --seed still apply",
     )
-    # what every flag defaults to: --like-zoo refuses a flag it sets that was given too
     p.set_defaults(eval_defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
