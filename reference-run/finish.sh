@@ -17,8 +17,7 @@ robustbench-nacl zoo verify --zoo fashion-mnist --out /nonexistent   # the publi
 
 # 2. the rows become leaderboard/rows (the first protocol's rows are replaced: git keeps them)
 git rm -rq leaderboard/rows
-mkdir -p leaderboard/rows
-cp "$board"/rows/*.json leaderboard/rows/
+cp -r "$board"/rows leaderboard/rows
 git mv -k reference-run/pilot leaderboard/pilot
 cp reference-run/leaderboard-README.md leaderboard/README.md   # the prose; step 5 fills its sections
 
@@ -26,11 +25,11 @@ cp reference-run/leaderboard-README.md leaderboard/README.md   # the prose; step
 ROBUSTBENCH_NACL_WRITE_REFERENCE=1 robustbench-nacl zoo run --zoo fashion-mnist \
     --out robustbench_out/reference --leaderboard leaderboard --workers 2 --rank-by worst_case@0.032
 python - <<'EOF'
-import json
+from robustbench_nacl.io import write_json_atomic
 from robustbench_nacl.published import coverage
-cover = {**coverage("fashion-mnist"), "note": "the presets the committed rows cover; a preset added later is listed as not in the reference yet"}
-cover.pop("models", None)
-open("leaderboard/coverage.json", "w").write(json.dumps(cover, indent=2) + "\n")
+cover = {k: v for k, v in coverage("fashion-mnist").items() if k != "models"}
+note = "the presets the committed rows cover; a preset added later is listed as not in the reference yet"
+write_json_atomic("leaderboard/coverage.json", {**cover, "note": note})
 EOF
 
 # 4. Fig. S3: the learning curves of SimCLR, ACL and IntCl (3 seeds each), from the published logs
