@@ -134,11 +134,11 @@ def card_of_rows(rows: Iterable[Mapping[str, Any]], **info: Any) -> dict[str, An
     rows = list(rows)
     if not rows:
         raise ValueError("a model card needs at least one result row")
-    in_domain: dict[str, list[Mapping[str, Any]]] = {}
+    # the first in-domain row of each protocol; SLF headlines the card (RobustBench's fields), ALF and
+    # AFF fill their own headline entries
+    first_of: dict[str, Mapping[str, Any]] = {}
     for r in [r for r in rows if r["setting"] == "in-domain"] or rows[:1]:
-        in_domain.setdefault(protocol_name(r), []).append(r)
-    # SLF headlines the card (RobustBench's fields); ALF and AFF fill their own headline entries
-    first_of = {name: group[0] for name, group in in_domain.items()}
+        first_of.setdefault(protocol_name(r), r)
     main = first_of.get("slf") or next(iter(first_of.values()))
     own = [r for r in rows if r["protocol_id"] == main["protocol_id"]]
     first = own[0]

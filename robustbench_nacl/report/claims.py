@@ -258,7 +258,8 @@ def claims_json(header: dict[str, str], results: list[dict[str, Any]], margin: f
 # ============ output ============
 
 
-def _p(name: str, p: float | None) -> str:
+def p_text(name: str, p: float | None) -> str:
+    """``Holm p = 0.012`` or ``Holm p < 0.001``: a p-value in a sentence."""
     text = fmt_p(p)  # "<0.001" reads "p < 0.001"
     return f"{name} {text[0]} {text[1:]}" if text.startswith("<") else f"{name} = {text}"
 
@@ -267,8 +268,8 @@ def _numbers(r: dict[str, Any]) -> str:
     c = r["comparison"]
     pairs = f"{c['n_pairs']} seed pair{'s' * (c['n_pairs'] != 1)}"
     text = f"{fmt_diff(c['diff'], c['lo'], c['hi'])} points over {pairs}"
-    text += f", {_p('Holm p', r['p_holm'])}" if r["p_holm"] is not None else ", no McNemar test"
-    return text + (f", {_p('TOST Holm p', r['p_tost_holm'])}" if r["kind"] == "no_cost" else "")
+    text += f", {p_text('Holm p', r['p_holm'])}" if r["p_holm"] is not None else ", no McNemar test"
+    return text + (f", {p_text('TOST Holm p', r['p_tost_holm'])}" if r["kind"] == "no_cost" else "")
 
 
 def sentence(r: dict[str, Any]) -> str:

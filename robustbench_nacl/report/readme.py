@@ -22,13 +22,16 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import median
+from types import SimpleNamespace
 from typing import Any
 
 from ..errors import UserError
 from ..io import write_bytes_atomic
 from ..results.rows import protocol_name
 from .aggregate import CONTROL_LABEL
-from .fmt import fmt_diff, fmt_p
+from .claims import p_text
+from .figures import established
+from .fmt import fmt_diff
 from .fmt import splice as splice_between
 
 BASELINE = "simclr"
@@ -36,24 +39,21 @@ BASELINE = "simclr"
 MAIN_TABLES = (("in-domain", "slf"), ("transfer", "slf"), ("in-domain", "alf"), ("in-domain", "aff"))
 #: The metrics it reads: clean accuracy and the board's headline (worst case over the suite at 0.032).
 MAIN_METRICS = ("clean", "worst_case_Linf_0.032")
-ALPHA = 0.05
 BESIDE = ("<!-- beside:begin -->", "<!-- beside:end -->")
 COST = ("<!-- cost:begin -->", "<!-- cost:end -->")
 
 
 def _verdict(c: dict[str, Any]) -> str:
-    """The board's rule: Holm p < 0.05 and a seed interval excluding 0."""
+    """The board's rule (:func:`.figures.established`), and why a difference cannot meet it."""
     if c["n_pairs"] < 2 or c["interval"] != "t over seeds":
         return "one seed: no seed interval"
-    significant = c["p_holm"] is not None and c["p_holm"] < ALPHA
-    excludes = c["lo"] is not None and c["hi"] is not None and (c["lo"] > 0 or c["hi"] < 0)
-    return "established" if significant and excludes else "not established"
+    # the rule reads p_holm, interval, lo and hi: the JSON record's own fields
+    return "established" if established(SimpleNamespace(**c)) else "not established"  # type: ignore[arg-type]
 
 
 def _cell(c: dict[str, Any]) -> str:
-    p = fmt_p(c["p_holm"])
-    holm = f"Holm p {'< ' + p[1:] if p.startswith('<') else '= ' + p}"
-    return f"{c['candidate']} {fmt_diff(c['diff'], c['lo'], c['hi'])} ({holm}; {_verdict(c)})"
+    diff = fmt_diff(c["diff"], c["lo"], c["hi"])
+    return f"{c['candidate']} {diff} ({p_text('Holm p', c['p_holm'])}; {_verdict(c)})"
 
 
 def beside(data: dict[str, Any]) -> str:
