@@ -81,3 +81,25 @@ def test_a_family_without_slf_rows_for_every_seed_has_no_clean_verdict(tmp_path:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(_manifest("acl", 0, 0.7, 0.8)))
     assert tg.read_manifests(tmp_path)[0]["loss"] == "acl"
+
+
+def _log(folder: Path, name: str, curve: list[tuple[float, float]]) -> None:
+    (folder / name).mkdir(parents=True)
+    lines = [
+        json.dumps({"epoch": e, "test_knn_acc": k, "test_probe_acc": p}) for e, (k, p) in enumerate(curve)
+    ]
+    (folder / name / "log.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_pilot_table_gives_each_curves_best_gain_over_initialisation(tmp_path: Path) -> None:
+    _log(tmp_path, "full_simclr", [(0.70, 0.80), (0.78, 0.83), (0.75, 0.86)])  # best kNN at epoch 1
+    _log(tmp_path, "full_intcl", [(0.70, 0.80), (0.72, 0.79)])  # the probe only falls: gain -1.0
+    md = tg.pilot_markdown(tmp_path)
+    assert "| full_simclr | 2 | 70.0 | 78.0 (1) | +8.0 | 80.0 | 86.0 (2) | +6.0 |" in md
+    assert "| full_intcl | 1 | 70.0 | 72.0 (1) | +2.0 | 80.0 | 79.0 (1) | -1.0 |" in md
+    assert "kNN +8.0 points, quick probe +6.0 points" in md
+    (tmp_path / "full_intcl" / "log.jsonl").write_text(json.dumps({"epoch": 1, "test_knn_acc": 0.7}) + "\n")
+    with pytest.raises(UserError, match="not a learning curve from initialisation"):
+        tg.pilot_markdown(tmp_path)
+    with pytest.raises(UserError, match="no learning curves"):
+        tg.pilot_markdown(tmp_path / "elsewhere")

@@ -3,7 +3,8 @@ by hand (docs/decisions.md, "Reference leaderboard"):
 
 - ``claims`` and ``claims:robust-ssl``: the readings of the two shipped claims files
   (:func:`.claims.reading` of ``compare --claims NAME --json``);
-- ``targets``: the training targets, from the checkpoints' manifests and the rows (:mod:`.targets`);
+- ``targets``: the training targets, from the checkpoints' manifests and the rows, and what the
+  pilot's learning curves (``BOARD/pilot/*/log.jsonl``, when there) gained (:mod:`.targets`);
 - ``beside``: beside the claims, the families with the highest and lowest difference to SimCLR in
   the main tables, from ``compare --baseline simclr --json`` (:func:`beside`);
 - ``cost``: what each stage cost in core-seconds, from the manifests' and the rows' own timings
@@ -147,9 +148,11 @@ def _claims(name: str) -> Callable[[Path, Path], str]:
 
 def _targets(board: Path, manifests: Path) -> str:
     from ..results.rows import load_rows
-    from .targets import read_manifests, targets, targets_markdown
+    from .targets import pilot_markdown, read_manifests, targets, targets_markdown
 
-    return targets_markdown(targets(read_manifests(manifests), load_rows(board)))
+    text = targets_markdown(targets(read_manifests(manifests), load_rows(board)))
+    # the pilot runs that chose the budget say what more training of this encoder would give
+    return text + ("\n" + pilot_markdown(board / "pilot") if (board / "pilot").is_dir() else "")
 
 
 def _beside(board: Path, manifests: Path) -> str:

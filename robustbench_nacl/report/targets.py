@@ -9,7 +9,8 @@ clean accuracy and the probe's fit). docs/decisions.md, "Reference leaderboard":
   on the same features.
 
 :func:`targets` computes them, :func:`targets_markdown` writes the leaderboard README's section
-(between :data:`BEGIN` and :data:`END`), so every number there comes from this code.
+(between :data:`BEGIN` and :data:`END`) and :func:`pilot_markdown` the pilot's gains beside it
+(what more training of the same encoder gave), so every number there comes from this code.
 """
 
 from __future__ import annotations
@@ -157,6 +158,49 @@ def targets_markdown(t: Targets) -> str:
             f"features, or above it): {_mark(ok)}; {fits}.",
         ]
     return "\n".join(out) + "\n"
+
+
+def _curve(path: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows or rows[0].get("epoch") != 0 or "test_knn_acc" not in rows[0]:
+        raise UserError(f"{path} is not a learning curve from initialisation (train --knn-every 1)")
+    return rows
+
+
+def _best(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[float, float, int]:
+    """(value at initialisation, best value after it, the epoch of the best) of ``key``."""
+    later = [r for r in curve[1:] if r.get(key) is not None]
+    top = max(later, key=lambda r: float(r[key]))
+    return float(curve[0][key]), float(top[key]), int(top["epoch"])
+
+
+def pilot_markdown(folder: str | Path) -> str:
+    """The pilot runs under ``folder`` (``*/log.jsonl``, the trainer's learning curves): how far kNN
+    and the quick probe rose above their values at initialisation, at their best epoch. It says what
+    more training of the same encoder gives, beside the targets above."""
+    paths = sorted(Path(folder).glob("*/log.jsonl"))
+    if not paths:
+        raise UserError(f"no learning curves (*/log.jsonl) under {folder}")
+    lines = [
+        "| pilot run | epochs | kNN at init | best kNN (epoch) | gain (points) | quick probe at init "
+        "| best quick probe (epoch) | gain (points) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    gains = []
+    for path in paths:
+        curve = _curve(path)
+        k0, k1, ke = _best(curve, "test_knn_acc")
+        p0, p1, pe = _best(curve, "test_probe_acc")
+        gains.append((100 * (k1 - k0), 100 * (p1 - p0)))
+        lines.append(
+            f"| {path.parent.name} | {curve[-1]['epoch']} | {pct(k0)} | {pct(k1)} ({ke}) | "
+            f"{100 * (k1 - k0):+.1f} | {pct(p0)} | {pct(p1)} ({pe}) | {100 * (p1 - p0):+.1f} |"
+        )
+    best_knn, best_probe = max(g[0] for g in gains), max(g[1] for g in gains)
+    return "\n".join(lines) + (
+        f"\n\nThe largest gains over initialisation in the pilot: kNN {best_knn:+.1f} points, quick "
+        f"probe {best_probe:+.1f} points (the trainer's monitor: accuracy on the whole test split).\n"
+    )
 
 
 def splice(text: str, section: str) -> str:
