@@ -115,3 +115,24 @@ def test_every_generated_section_of_the_readme_is_what_the_code_makes_of_the_com
         "run `python -m robustbench_nacl.report.readme leaderboard "
         "robustbench_nacl/files/published/fashion-mnist/models`"
     )
+
+
+def test_the_targets_reading_says_what_the_generated_numbers_say(rows: list) -> None:
+    from robustbench_nacl.report import targets as tg
+
+    t = tg.targets(tg.read_manifests(MODELS), rows)
+    text = " ".join((BOARD / "README.md").read_text().split())
+    # "the control's probe is fitted here"
+    assert "the control's probe is fitted here" in text
+    assert t.control_fit and all(knn - train <= tg.GAIN / 100 for _, train, knn in t.control_fit)
+    # "even the supervised baseline ... is short of the second target"
+    assert "even the supervised baseline" in text
+    supervised = next(f for f in t.families if f.family == "supervised")
+    assert t.above_control(supervised) is not None and t.above_control(supervised) < tg.GAIN
+    # "more steps of this encoder would not meet the targets": the pilot's best gains stay below them
+    assert "more steps of this encoder would not meet the targets" in text
+    md = tg.pilot_markdown(BOARD / "pilot")
+    gains = [
+        float(c) for line in md.splitlines()[2:] if line.startswith("| ") for c in line.split("|")[5:9:3]
+    ]
+    assert gains and max(gains) < tg.GAIN
