@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from matplotlib.colors import to_hex
 from matplotlib.text import Annotation, Text
 
 from robustbench_nacl.report import figures
-from robustbench_nacl.report.aggregate import Context
+from robustbench_nacl.report.aggregate import Context, panel_note
 from robustbench_nacl.report.compare import Comparison
 from robustbench_nacl.report.leaderboard import build_context, render_leaderboard
 from robustbench_nacl.report.plotstyle import PALETTE, spread, styles
@@ -308,3 +309,18 @@ def test_rendered_sizes(rows: list[dict[str, Any]], tmp_path: Path) -> None:
     assert imread(written["robust_vs_eps.png"]).shape[:2] == (520, 1400)  # in-domain and transfer
     # a fourth table: a second pair of rows
     assert figures.figure_size("standard_vs_robust.png", 4) == (1620, 1160 + 2 * 480)
+
+
+def test_panel_titles_drop_parameter_lists_unless_two_tables_would_then_read_the_same() -> None:
+    def table(setting: str, note: str) -> Any:  # panel_note reads these three fields of a Table
+        return SimpleNamespace(setting=setting, dataset="fashion-mnist:0-4", note=note)
+
+    params = "batch_size 128, epochs 25, eps 0.0313725, gamma 0.1, lr 0.01, max_train 1024, steps 10"
+    slf, alf = table("in-domain", "protocol SLF"), table("in-domain", f"protocol ALF ({params})")
+    alf_transfer = table("transfer", "protocol ALF (batch_size 64)")
+    assert panel_note(alf, [slf, alf, alf_transfer]) == "protocol ALF"  # LEADERBOARD.md has the rest
+    assert panel_note(slf, [slf, alf]) == "protocol SLF"
+    twin = table("in-domain", "protocol ALF (batch_size 64)")
+    full = panel_note(alf, [slf, alf, twin])  # "protocol ALF" twice would hide what differs
+    assert full.replace("\n", " ") == alf.note and "\n" in full
+    assert all(len(line) <= 60 for line in full.splitlines())

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -363,6 +365,24 @@ def protocol_notes(tables: list[list[Entry]]) -> list[str]:
     varying = [p for p in paths if len({v.get(p, MISSING) for v in views}) > 1]
     names = {p: ("suite" if p == ("suite_sha256",) else " ".join(p)) for p in varying}
     return ["; ".join(f"{names[p]} {v.get(p, MISSING)}" for p in varying) for v in views]
+
+
+_PARAMETER_LIST = re.compile(r" \([^()]*\)")
+
+
+def panel_note(table: Table, tables: Sequence[Table]) -> str:
+    """``table``'s protocol note as a figure panel's title shows it: without its parenthesised
+    parameter lists ("protocol ALF"), which are wider than a panel (LEADERBOARD.md gives them), unless
+    another table of the same setting and dataset would then read the same: then in full, wrapped."""
+    short = _PARAMETER_LIST.sub("", table.note)
+    twins = [
+        t
+        for t in tables
+        if t is not table
+        and (t.setting, t.dataset) == (table.setting, table.dataset)
+        and _PARAMETER_LIST.sub("", t.note) == short
+    ]
+    return textwrap.fill(table.note, 60) if twins else short
 
 
 # ============ formatting helpers shared by the renderers ============

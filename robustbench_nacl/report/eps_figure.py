@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .aggregate import Context, Entry, Table
+from .aggregate import Context, Entry, Table, panel_note
 from .canvas import DPI, new_figure, pct, set_margins
 from .metrics import ATTACK_NAMES, metric_key, metric_name
 from .plotstyle import Style, label_line_ends, styles
@@ -80,7 +80,7 @@ def _eps_panel(ctx: Context, ax: Any, table: Table, style: dict[Any, Style], ren
         top.tick_params(labelsize=7)
     else:
         ax.text(0.5, 0.5, f"no {attack} rows", transform=ax.transAxes, ha="center", va="center", color="0.5")
-    note = f" ({table.note})" if table.note else ""
+    note = f" ({panel_note(table, ctx.tables)})" if table.note else ""
     what = f"{name} accuracy vs ε (mean over seeds, 95 % interval)"
     ax.set_title(f"{table.setting}: {table.dataset}{note}\n{what}", fontsize=9)
     ax.set_xlabel("ε, L∞, in [0,1] pixel units (0: clean accuracy; minor ticks: the suite's ε)", fontsize=8)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results.eps import eps_label
-from .aggregate import Context, Entry, Table, join
+from .aggregate import Context, Entry, Table, join, panel_note
 from .canvas import DPI, new_figure, pct, png_bytes, set_margins
 from .compare import Comparison, protocol_comparisons, with_holm
 from .eps_figure import EPS_CAPTION, draw_robust_vs_eps, eps_figure_size
@@ -167,7 +167,7 @@ def _svr_panel(
     lo, hi = ax.get_xlim()
     ax.plot([lo, hi], [lo, hi], ls="--", color="0.6", lw=0.8, zorder=0, gid="y=x")
     what = measure_text(metric, table.metric_keys)
-    ax.set_title(f"{_panel_title(table)}\n{what} vs clean", fontsize=9)
+    ax.set_title(f"{_panel_title(table, ctx.tables)}\n{what} vs clean", fontsize=9)
     ax.set_xlabel("clean accuracy [%]", fontsize=8)
     ax.set_ylabel(f"{what} [%]", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -177,11 +177,11 @@ def _svr_panel(
     label_points(ax, labels, renderer, clear, first)
 
 
-def _panel_title(table: Table) -> str:
+def _panel_title(table: Table, tables: list[Table]) -> str:
     what = f"{table.setting}: {table.dataset}"
     if table.setting == "shift":
         what += f" (mean over {join(e.shift or e.dataset for e in table.entries)})"
-    return what + (f"\n{table.note}" if table.note else "")
+    return what + (f"\n{panel_note(table, tables)}" if table.note else "")
 
 
 def _square_limits(ax: Any, pts: list[_Point]) -> None:
