@@ -324,3 +324,37 @@ def test_panel_titles_drop_parameter_lists_unless_two_tables_would_then_read_the
     full = panel_note(alf, [slf, alf, twin])  # "protocol ALF" twice would hide what differs
     assert full.replace("\n", " ") == alf.note and "\n" in full
     assert all(len(line) <= 60 for line in full.splitlines())
+
+
+def test_the_protocol_figure_draws_what_was_measured_and_no_bar_for_what_was_not(rows: list) -> None:
+    from robustbench_nacl.report import protocols
+    from robustbench_nacl.results.finetune import AlfConfig
+
+    alf = [
+        stamp_ids({**r, "finetune": AlfConfig().identity()})  # the same outcomes under another protocol
+        for r in rows
+        if r["setting"] == "in-domain" and r["loss"] in ("simclr", "intcl")
+    ]
+    both = build_context([*rows, *alf])[0]
+    ((_, _, _), by), *_ = protocols.groups(both).items()
+    metric = protocols.robust_metric([e for v in by.values() for e in v.values()], both.headline_eps)[0]
+    ax = protocols.draw(both).axes[0]
+    bars = {p.get_gid(): p for p in ax.patches if (p.get_gid() or "").startswith("bar:")}
+    drawn = {gid.split(":", 2)[1] for gid in bars}
+    assert drawn == {"SLF", "ALF"} and len(bars) == len(by) + 2  # every recipe under SLF, two under ALF
+    none = [t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("none:ALF")]
+    assert none == ["ALF: not measured"] * (len(by) - 2)  # no bar at 0 for what was not measured
+    gids = {line.get_gid() for line in ax.get_lines()}
+    slf_tops = []
+    for columns in by.values():
+        for column, e in columns.items():
+            gid = f"{column}:{e.uid}"
+            bar = bars[f"bar:{gid}"]
+            assert bar.get_width() == pytest.approx(100 * e.stat(metric).mean)  # the robust accuracy
+            assert f"interval:{gid}" in gids and f"clean:{gid}" in gids
+            if column == "SLF":
+                slf_tops.append((bar.get_y(), e.stat(metric).mean))
+    # recipes in the order of the first protocol's robust accuracy, best on top (y grows downward)
+    assert [m for _, m in sorted(slf_tops)] == sorted((m for _, m in slf_tops), reverse=True)
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]
+    assert protocols.draw(build_context(rows)[0]) is None  # one protocol: nothing to put side by side

@@ -11,6 +11,7 @@ unless the rows hold more than one protocol, so an SLF-only leaderboard is byte-
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -114,32 +115,106 @@ def markdown_section(ctx: Context) -> list[str]:
     return md
 
 
+BAR_IN = 0.15  # inches per bar: 7-point tick labels one group apart never touch
+GROUP_GAP = 0.5  # bars' worth of space between two recipes
+LEGEND_COLS = 2  # protocol names with their parameters are long: two per legend line fit 6.5 inches
+
+
 def figure(ctx: Context) -> tuple[bytes, str] | None:
-    """PNG bytes and caption of robust accuracy per protocol (one panel per group), or None."""
-    from .canvas import new_figure, png_bytes
+    """PNG bytes and caption of robust and clean accuracy per protocol (one panel per group), or None."""
+    from .canvas import png_bytes
 
-    found = groups(ctx)
-    if not has_protocols(ctx) or not found:
+    fig = draw(ctx)
+    if fig is None:
         return None
-    fig, axes = new_figure((5.0 * len(found), 3.6), 1, len(found))
-    for ax, ((setting, dataset, _), by) in zip(axes, found.items(), strict=True):
-        _panel(ax, ctx, setting, dataset, by)
-    fig.subplots_adjust(bottom=0.3, top=0.88, wspace=0.3)
-    return png_bytes(fig), "Robust accuracy per finetuning protocol (SLF / ALF / AFF), one panel per setting"
-
-
-def _panel(ax: Any, ctx: Context, setting: str, dataset: str, by: dict[str, dict[str, Entry]]) -> None:
-    protos = sorted({c for v in by.values() for c in v}, key=_order)
-    chosen = robust_metric((e for v in by.values() for e in v.values()), ctx.headline_eps)
-    recipes = sorted(by, key=lambda r: ctx.label(next(iter(by[r].values())).recipe))
-    width = 0.8 / len(protos)
-    for j, p in enumerate(protos):
-        ys = [100 * (by[r][p].stat(chosen[0]).mean or 0.0) if chosen and p in by[r] else 0.0 for r in recipes]
-        ax.bar([i + j * width for i in range(len(recipes))], ys, width, label=p)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(recipes))])
-    ax.set_xticklabels(
-        [ctx.label(next(iter(by[r].values())).recipe) for r in recipes], rotation=30, ha="right"
+    return png_bytes(fig), (
+        "Robust accuracy per finetuning protocol (SLF / ALF / AFF), one panel per setting: bars with "
+        "95 % intervals, clean accuracy as black ticks, recipes in the order of the first protocol"
     )
-    ax.set_ylabel(f"{chosen[1] if chosen else 'robust'} (%)")
-    ax.set_title(f"{setting} · {dataset}", fontsize=9)
-    ax.legend(fontsize=8)
+
+
+def draw(ctx: Context) -> Any:
+    """The matplotlib Figure of :func:`figure`: per group, a horizontal bar per recipe and protocol
+    (its robust accuracy with its 95 % interval, its clean accuracy as a tick on the bar's line);
+    a protocol a recipe was not measured under has no bar, and says so. None without protocols."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from .canvas import new_figure, set_margins
+    from .plotstyle import PALETTE, styles
+
+    if not has_protocols(ctx):
+        return None
+    panels = []
+    for (setting, dataset, _), by in groups(ctx).items():
+        chosen = robust_metric((e for v in by.values() for e in v.values()), ctx.headline_eps)
+        if chosen is not None:
+            panels.append(
+                (setting, dataset, by, sorted({c for v in by.values() for c in v}, key=_order), chosen)
+            )
+    if not panels:
+        return None
+    bars = max(len(by) * (len(protos) + GROUP_GAP) for _, _, by, protos, _ in panels)
+    columns = sorted({c for *_, protos, _ in panels for c in protos}, key=_order)
+    legend_rows = math.ceil((len(columns) + 2) / LEGEND_COLS)
+    bottom = 0.7 + 0.22 * legend_rows
+    fig, axes = new_figure((6.5 * len(panels), 0.45 + bottom + BAR_IN * bars), 1, len(panels))
+    set_margins(fig, 1, len(panels), lrbt=(2.4, 0.3, bottom, 0.45), gaps=(2.7, 0.0))
+    color = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(columns)}
+    style = styles(e.recipe for e in ctx.entries)
+    for ax, (setting, dataset, by, protos, (metric, header)) in zip(axes, panels, strict=True):
+        _panel(ax, by, protos, metric, {r: style[_recipe(by[r])].label for r in by}, color)
+        ax.set_title(f"{setting} · {dataset}", fontsize=9)
+        ax.set_xlabel(f"accuracy [%]: bars {header}, ticks clean", fontsize=8)
+    handles = [Patch(color=color[c], label=c) for c in columns]
+    handles.append(Line2D([], [], ls="none", marker="|", ms=8, color="black", label="clean accuracy"))
+    handles.append(Line2D([], [], color="black", lw=0.8, label="95 % interval"))
+    fig.legend(handles=handles, loc="lower left", ncol=LEGEND_COLS, fontsize=8, frameon=False)
+    return fig
+
+
+def _recipe(by_column: dict[str, Entry]) -> Any:
+    return next(iter(by_column.values())).recipe
+
+
+def _panel(
+    ax: Any,
+    by: dict[str, dict[str, Entry]],
+    protos: list[str],
+    metric: str,
+    labels: dict[str, str],
+    color: dict[str, str],
+) -> None:
+    from .canvas import pct
+
+    def order(recipe_id: str) -> tuple[bool, float, str]:  # the first protocol's ranking, best on top
+        e = by[recipe_id].get(protos[0])
+        mean = e.stat(metric).mean if e is not None else None
+        return mean is None, -(mean or 0.0), labels[recipe_id]
+
+    recipes = sorted(by, key=order)
+    step = len(protos) + GROUP_GAP
+    for i, recipe_id in enumerate(recipes):
+        for j, column in enumerate(protos):
+            y, e = i * step + j, by[recipe_id].get(column)
+            gid = f"{column}:{e.uid if e is not None else recipe_id}"
+            if e is None:
+                what = f"{column.split(' ', 1)[0]}: not measured"  # the legend gives the parameters
+                ax.text(1, y, what, fontsize=6, va="center", color="0.45", gid=f"none:{gid}")
+                continue
+            robust, clean = e.stat(metric), e.stat("clean")
+            ax.barh(y, pct(robust.mean), 0.85, color=color[column], gid=f"bar:{gid}")
+            if robust.lo is not None and robust.hi is not None:
+                ax.plot(
+                    [pct(robust.lo), pct(robust.hi)], [y, y], color="black", lw=0.8, gid=f"interval:{gid}"
+                )
+            if clean.mean is not None:
+                ax.plot(
+                    [pct(clean.mean)], [y], ls="none", marker="|", ms=7, color="black", gid=f"clean:{gid}"
+                )
+    ax.set_yticks([i * step + (len(protos) - 1) / 2 for i in range(len(recipes))])
+    ax.set_yticklabels([labels[r] for r in recipes], fontsize=7)
+    ax.set_ylim(len(recipes) * step - GROUP_GAP, -1 + GROUP_GAP / 2)  # the first recipe on top
+    ax.set_xlim(0, 100)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="x", alpha=0.25)
