@@ -137,6 +137,7 @@ def test_corruption_setting_rows_and_the_per_severity_table(tmp_path) -> None:
     from robustbench_nacl.eval.evaluate import evaluate
     from robustbench_nacl.eval.probe import ProbeConfig
     from robustbench_nacl.report.leaderboard import render_leaderboard
+    from robustbench_nacl.results.rows import stamp_ids
     from robustbench_nacl.training import train
 
     with one_thread():
@@ -168,11 +169,18 @@ def test_corruption_setting_rows_and_the_per_severity_table(tmp_path) -> None:
         for r in rows
     ]
     assert sum(r.get("sanity_failed") == "clean_above_chance" for r in flagged) >= 2
-    render_leaderboard(flagged, tmp_path / "flagged")
+    # a second run of the recipe (another training seed), at chance under the same corruption
+    seed = flagged[0]["train_seed"]
+    again = [
+        stamp_ids({**r, "checkpoint_sha256": "e" * 64, "checkpoint_id": "again", "train_seed": seed + 1})
+        for r in flagged
+    ]
+    render_leaderboard([*flagged, *again], tmp_path / "flagged")
     md = (tmp_path / "flagged" / "LEADERBOARD.md").read_text()
     notes = [line for line in md.splitlines() if line.startswith("- ⚠ ")]
-    assert len(notes) == 1 and "corruption contrast severity 5" in notes[0]
-    assert "clean accuracy at chance under this corruption" in notes[0]
+    assert len(notes) == 1 and "corruption contrast severity 5" in notes[0]  # one note names both runs
+    family = flagged[0]["loss"]
+    assert f"at chance under this corruption for 2 runs ({family} s{seed}, {family} s{seed + 1})" in notes[0]
     assert "a clean accuracy at chance is listed too" in md
 
 

@@ -418,6 +418,29 @@ def provenance(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 @dataclass
+class RunsNote:
+    """The footnote of a corruption and severity under which runs' clean accuracy is at chance. It
+    collects its runs while a table is flagged and is written after the table, so one note names
+    them all."""
+
+    where: str  # "corruption contrast severity 5"
+    runs: set[tuple[str, int]] = field(default_factory=set)  # (family, training seed)
+
+    def add(self, family: str, seed: int) -> None:
+        """Name a run."""
+        self.runs.add((family, seed))
+
+    def __str__(self) -> str:
+        n, runs = len(self.runs), ", ".join(f"{f} s{s}" for f, s in sorted(self.runs))
+        return (
+            f"{self.where}: clean accuracy at chance under this corruption for {n} run{'s' * (n != 1)} "
+            f"({runs}): what the corruption does to these encoders, not an attack that "
+            "failed, so there is no robustness to read there (a failure of the same run in-domain is "
+            "listed under the in-domain table)"
+        )
+
+
+@dataclass
 class Context:
     """Everything a table or figure renderer needs besides its own entries."""
 
@@ -427,7 +450,8 @@ class Context:
     show_encoder: bool
     show_dataset: bool
     tables: list[Table] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # sanity footnotes, numbered across the document
+    # sanity footnotes, numbered across the document (a RunsNote is complete once its table is flagged)
+    notes: list[str | RunsNote] = field(default_factory=list)
     note_of: dict[str, int] = field(default_factory=dict)
     # entry uid -> its comparison with the table's baseline (.compare.Comparison); table key ->
     # the baseline's label; what the comparisons could not do
@@ -487,18 +511,24 @@ class Context:
         for e, r, checks in fails:
             run = f"`{r['checkpoint_id']}` seed {r.get('seed')}"
             if r.get("corruption") and checks == ["clean_above_chance"]:
-                # one note per corruption and severity (every attack's row shares its clean accuracy);
-                # at chance under a corruption is what that corruption does, not a broken attack
-                text = (
-                    f"{e.recipe.family}, corruption {r['corruption']} severity {r.get('severity')}: {run}: "
-                    "clean accuracy at chance under this corruption, so there is no robustness to read here "
-                    "(a failure of the same run in-domain is listed under the in-domain table)"
-                )
-            else:
-                text = (
-                    f"{e.recipe.family}, {e.setting} {e.dataset}: {run}, "
-                    f"{r['attack']} {r['norm']} ε={float(r['eps']):g}: failed {', '.join(checks)}"
-                )
+                # one note per corruption and severity, naming its runs (every attack's row of a run
+                # shares its clean accuracy): at chance under a corruption is what that corruption
+                # does to the encoder, not a broken attack
+                where = f"corruption {r['corruption']} severity {r.get('severity')}"
+                key = f"{where} | {e.context}"  # a second corruption table (protocol) has its own notes
+                if key not in self.note_of:
+                    self.notes.append(RunsNote(where))
+                    self.note_of[key] = len(self.notes)
+                note = self.notes[self.note_of[key] - 1]
+                assert isinstance(note, RunsNote)
+                seed = r.get("seed") if r.get("control") else r.get("train_seed")  # a control's: its init
+                note.add(e.recipe.family, int(seed or 0))
+                marks.append(self.note_of[key])
+                continue
+            text = (
+                f"{e.recipe.family}, {e.setting} {e.dataset}: {run}, "
+                f"{r['attack']} {r['norm']} ε={float(r['eps']):g}: failed {', '.join(checks)}"
+            )
             if text not in self.note_of:
                 self.notes.append(text)
                 self.note_of[text] = len(self.notes)
