@@ -101,5 +101,9 @@ def test_the_pilot_table_gives_each_curves_best_gain_over_initialisation(tmp_pat
     (tmp_path / "full_intcl" / "log.jsonl").write_text(json.dumps({"epoch": 1, "test_knn_acc": 0.7}) + "\n")
     with pytest.raises(UserError, match="not a learning curve from initialisation"):
         tg.pilot_markdown(tmp_path)
+    _log(tmp_path, "only_init", [(0.7, 0.8)])  # nothing after initialisation: no gain to read
+    (tmp_path / "full_intcl" / "log.jsonl").unlink()
+    with pytest.raises(UserError, match="to a later epoch"):
+        tg.pilot_markdown(tmp_path)
     with pytest.raises(UserError, match="no learning curves"):
         tg.pilot_markdown(tmp_path / "elsewhere")

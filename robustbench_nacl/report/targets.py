@@ -162,8 +162,16 @@ def targets_markdown(t: Targets) -> str:
 
 def _curve(path: Path) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not rows or rows[0].get("epoch") != 0 or "test_knn_acc" not in rows[0]:
-        raise UserError(f"{path} is not a learning curve from initialisation (train --knn-every 1)")
+    keys = ("test_knn_acc", "test_probe_acc")
+    if (
+        len(rows) < 2
+        or rows[0].get("epoch") != 0
+        or any(k not in r for k in keys for r in (rows[0], rows[-1]))
+    ):
+        raise UserError(
+            f"{path} is not a learning curve from initialisation to a later epoch with kNN and the quick "
+            "probe (train --knn-every 1 --monitor-probe)"
+        )
     return rows
 
 
