@@ -131,8 +131,5 @@ def test_the_targets_reading_says_what_the_generated_numbers_say(rows: list) -> 
     assert t.above_control(supervised) is not None and t.above_control(supervised) < tg.GAIN
     # "more steps of this encoder would not meet the targets": the pilot's best gains stay below them
     assert "more steps of this encoder would not meet the targets" in text
-    md = tg.pilot_markdown(BOARD / "pilot")
-    gains = [
-        float(c) for line in md.splitlines()[2:] if line.startswith("| ") for c in line.split("|")[5:9:3]
-    ]
+    gains = [g for run in tg.pilot_runs(BOARD / "pilot") for g in run.gains]
     assert gains and max(gains) < tg.GAIN

@@ -509,7 +509,6 @@ class Context:
             return "ok"
         marks = []
         for e, r, checks in fails:
-            run = f"`{r['checkpoint_id']}` seed {r.get('seed')}"
             if r.get("corruption") and checks == ["clean_above_chance"]:
                 # one note per corruption and severity, naming its runs (every attack's row of a run
                 # shares its clean accuracy): at chance under a corruption is what that corruption
@@ -525,6 +524,7 @@ class Context:
                 note.add(e.recipe.family, int(seed or 0))
                 marks.append(self.note_of[key])
                 continue
+            run = f"`{r['checkpoint_id']}` seed {r.get('seed')}"
             text = (
                 f"{e.recipe.family}, {e.setting} {e.dataset}: {run}, "
                 f"{r['attack']} {r['norm']} ε={float(r['eps']):g}: failed {', '.join(checks)}"

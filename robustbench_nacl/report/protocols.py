@@ -105,8 +105,8 @@ def markdown_section(ctx: Context) -> list[str]:
             continue
         metric, label = chosen
         md += _header(setting, dataset, protos, label)
-        for recipe_id in sorted(by, key=lambda r: ctx.label(next(iter(by[r].values())).recipe)):
-            cells = [ctx.label(next(iter(by[recipe_id].values())).recipe)]
+        for recipe_id in sorted(by, key=lambda r: ctx.label(_recipe(by[r]))):
+            cells = [ctx.label(_recipe(by[recipe_id]))]
             for p in protos:
                 e = by[recipe_id].get(p)
                 cells += ["–", "–"] if e is None else [fmt_stat(e.stat("clean")), fmt_stat(e.stat(metric))]
@@ -174,6 +174,7 @@ def draw(ctx: Context) -> Any:
 
 
 def _recipe(by_column: dict[str, Entry]) -> Any:
+    """The recipe of one line's entries (one per column, all of one recipe)."""
     return next(iter(by_column.values())).recipe
 
 

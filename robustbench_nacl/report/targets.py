@@ -9,7 +9,8 @@ clean accuracy and the probe's fit). docs/decisions.md, "Reference leaderboard":
   on the same features.
 
 :func:`targets` computes them, :func:`targets_markdown` writes the leaderboard README's section
-(between :data:`BEGIN` and :data:`END`) and :func:`pilot_markdown` the pilot's gains beside it
+(between :data:`BEGIN` and :data:`END`) and :func:`pilot_markdown` the pilot's gains
+(:func:`pilot_runs`) beside it
 (what more training of the same encoder gave), so every number there comes from this code.
 """
 
@@ -160,51 +161,71 @@ def targets_markdown(t: Targets) -> str:
     return "\n".join(out) + "\n"
 
 
-def _curve(path: Path) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    keys = ("test_knn_acc", "test_probe_acc")
-    if (
-        len(rows) < 2
-        or rows[0].get("epoch") != 0
-        or any(k not in r for k in keys for r in (rows[0], rows[-1]))
-    ):
-        raise UserError(
-            f"{path} is not a learning curve from initialisation to a later epoch with kNN and the quick "
-            "probe (train --knn-every 1 --monitor-probe)"
-        )
-    return rows
+@dataclass(frozen=True)
+class PilotRun:
+    """One pilot learning curve: (value at initialisation, best value after it, its epoch) of kNN
+    and of the quick probe (test accuracies, fractions)."""
+
+    name: str
+    epochs: int
+    knn: tuple[float, float, int]
+    probe: tuple[float, float, int]
+
+    @property
+    def gains(self) -> tuple[float, float]:
+        """Points gained over initialisation at the best epoch: (kNN, quick probe)."""
+        return 100 * (self.knn[1] - self.knn[0]), 100 * (self.probe[1] - self.probe[0])
+
+
+_CURVE_FIELDS = ("test_knn_acc", "test_probe_acc")
 
 
 def _best(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[float, float, int]:
     """(value at initialisation, best value after it, the epoch of the best) of ``key``."""
-    later = [r for r in curve[1:] if r.get(key) is not None]
-    top = max(later, key=lambda r: float(r[key]))
+    top = max((r for r in curve[1:] if r.get(key) is not None), key=lambda r: float(r[key]))
     return float(curve[0][key]), float(top[key]), int(top["epoch"])
 
 
-def pilot_markdown(folder: str | Path) -> str:
-    """The pilot runs under ``folder`` (``*/log.jsonl``, the trainer's learning curves): how far kNN
-    and the quick probe rose above their values at initialisation, at their best epoch. It says what
-    more training of the same encoder gives, beside the targets above."""
-    paths = sorted(Path(folder).glob("*/log.jsonl"))
+def pilot_runs(folder: str | Path) -> list[PilotRun]:
+    """The pilot runs under ``folder`` (``*/log.jsonl``, the trainer's learning curves, read by
+    :func:`.curves.read_log`); a log that does not run from initialisation to a later epoch with kNN
+    and the quick probe is a one-line error."""
+    from ..training.epoch_log import LOG
+    from .curves import read_log
+
+    paths = sorted(Path(folder).glob(f"*/{LOG}"))
     if not paths:
-        raise UserError(f"no learning curves (*/log.jsonl) under {folder}")
+        raise UserError(f"no learning curves (*/{LOG}) under {folder}")
+    runs = []
+    for path in paths:
+        curve = read_log(path)
+        ends = (curve[0], curve[-1]) if len(curve) >= 2 else ()
+        if not ends or curve[0]["epoch"] != 0 or any(k not in r for k in _CURVE_FIELDS for r in ends):
+            raise UserError(
+                f"{path} is not a learning curve from initialisation to a later epoch with kNN and the "
+                "quick probe (train --knn-every 1 --monitor-probe)"
+            )
+        runs.append(PilotRun(path.parent.name, curve[-1]["epoch"], *(_best(curve, k) for k in _CURVE_FIELDS)))
+    return runs
+
+
+def pilot_markdown(folder: str | Path) -> str:
+    """The pilot runs' table (:func:`pilot_runs`): how far kNN and the quick probe rose above their
+    values at initialisation, at their best epoch. It says what more training of the same encoder
+    gives, beside the targets above."""
     lines = [
         "| pilot run | epochs | kNN at init | best kNN (epoch) | gain (points) | quick probe at init "
         "| best quick probe (epoch) | gain (points) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    gains = []
-    for path in paths:
-        curve = _curve(path)
-        k0, k1, ke = _best(curve, "test_knn_acc")
-        p0, p1, pe = _best(curve, "test_probe_acc")
-        gains.append((100 * (k1 - k0), 100 * (p1 - p0)))
+    runs = pilot_runs(folder)
+    for r in runs:
+        (k0, k1, ke), (p0, p1, pe), (gk, gp) = r.knn, r.probe, r.gains
         lines.append(
-            f"| {path.parent.name} | {curve[-1]['epoch']} | {pct(k0)} | {pct(k1)} ({ke}) | "
-            f"{100 * (k1 - k0):+.1f} | {pct(p0)} | {pct(p1)} ({pe}) | {100 * (p1 - p0):+.1f} |"
+            f"| {r.name} | {r.epochs} | {pct(k0)} | {pct(k1)} ({ke}) | {gk:+.1f} | {pct(p0)} | "
+            f"{pct(p1)} ({pe}) | {gp:+.1f} |"
         )
-    best_knn, best_probe = max(g[0] for g in gains), max(g[1] for g in gains)
+    best_knn, best_probe = (max(r.gains[i] for r in runs) for i in (0, 1))
     return "\n".join(lines) + (
         f"\n\nThe largest gains over initialisation in the pilot: kNN {best_knn:+.1f} points, quick "
         f"probe {best_probe:+.1f} points (the trainer's monitor: accuracy on the whole test split).\n"
