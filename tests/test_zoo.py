@@ -129,6 +129,12 @@ def test_verify_counts_what_it_verified_and_lists_what_is_missing(
         f"missing            {other.id}"
     )
     assert lines[-1] == report.summary()
+    # ids after the options are ids too (argparse alone would refuse them as unrecognized)
+    assert main(["zoo", "verify", "--zoo", "t", "--out", str(out), e.id]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("verified 1 of 1 entries")
+    with pytest.raises(SystemExit) as stop:
+        main(["zoo", "verify", "--zoo", "t", "--out", str(out), e.id, "--no-such-flag"])
+    assert stop.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -166,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         return _fail(_command_of(argv), str(e), e.exit_code)
     parser = build_parser(only=_command_of(argv) or None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills a `*` positional only from the words before the first option, so the ids of
+    # `zoo publish --zoo fashion-mnist ID...` would be left over: words after the options are ids too
+    if isinstance(getattr(args, "ids", None), list):
+        args.ids.extend(w for w in extra if not w.startswith("-"))
+        extra = [w for w in extra if w.startswith("-")]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args._argv = argv  # for the provenance line of what a command writes (no absolute paths)
     runner = COMMANDS[args.command].run
     if getattr(args, "deterministic", False):
