@@ -204,15 +204,29 @@ def protocol_row(model: PublishedModel, protocol: str | None) -> ResultRow:
     """A committed SLF row of the model under ``protocol``: a protocol id, a dataset spec or a setting
     name (SLF rows only: their linear heads are what a set publishes; ALF and AFF train their own).
 
-    None is the in-domain protocol. A one-line error lists the model's protocols otherwise.
+    None and ``"slf"`` are the in-domain protocol; ``"alf"`` and ``"aff"`` are one line saying how to
+    evaluate them. A one-line error lists the model's protocols otherwise (the corruptions' many
+    protocol ids counted, not listed).
     """
     rows = [r for r in model_rows(model) if protocol_name(r) == "slf"]
-    want = protocol or "in-domain"
+    want = "in-domain" if protocol is None or protocol.lower() == "slf" else protocol
+    if want.lower() in ("alf", "aff"):
+        raise UserError(
+            f"a published set holds the SLF linear heads only: {want.upper()} trains its own head"
+            + (" and finetunes the encoder" if want.lower() == "aff" else "")
+            + f" on each run; evaluate it with `robustbench-nacl eval --model {model.name} --protocol"
+            f" {want.lower()}`, or leave protocol out for the in-domain SLF head"
+        )
     for r in rows:
         if want in (r["protocol_id"], r["dataset"], r["setting"]):
             return r
-    choices = sorted({f"{r['protocol_id']} ({r['setting']} {r['dataset']})" for r in rows})
-    raise UserError(f"{model.name} has no rows under protocol {want!r}; its protocols: {'; '.join(choices)}")
+    listed = sorted(
+        {f"{r['protocol_id']} ({r['setting']} {r['dataset']})" for r in rows if r["setting"] != "corruption"}
+    )
+    corruption = {r["protocol_id"] for r in rows if r["setting"] == "corruption"}
+    if corruption:  # one id per corruption and severity: their count says more than 27 ids
+        listed.append(f"{len(corruption)} corruption protocols (they attack the in-domain head)")
+    raise UserError(f"{model.name} has no rows under protocol {want!r}; its protocols: {'; '.join(listed)}")
 
 
 def load_model(
@@ -227,7 +241,8 @@ def load_model(
 
     ``head=True`` returns the probed classifier of ``protocol`` instead (images -> logits): the
     encoder followed by the linear head the committed rows of that protocol attacked (``protocol``:
-    a protocol id, a dataset spec such as ``digits:5-9``, or a setting; default in-domain).
+    a protocol id, a dataset spec such as ``digits:5-9``, or a setting; default, or ``"slf"``,
+    in-domain; ALF and AFF train their own heads, which are not published).
     ``dataset`` restricts the lookup to models pretrained on it. The weights' sha256 is checked
     against the model card before they are loaded (safetensors: no code runs on load).
     """

@@ -184,3 +184,12 @@ def test_a_head_is_looked_up_among_slf_rows_only(monkeypatch: pytest.MonkeyPatch
     assert published.protocol_row(model, None)["protocol_id"] == "p-slf"  # not the ALF row before it
     with pytest.raises(UserError, match=r"m has no rows under protocol 'p-alf'; its protocols: p-slf \("):
         published.protocol_row(model, "p-alf")
+    assert published.protocol_row(model, "SLF")["protocol_id"] == "p-slf"  # the field's name for it
+    with pytest.raises(UserError, match=r"SLF linear heads only: ALF trains its own head on each run; "
+                       r"evaluate it with `robustbench-nacl eval --model m --protocol alf`"):  # fmt: skip
+        published.protocol_row(model, "alf")
+    rows += [row(f"p-c{i}", "corruption") for i in range(27)]
+    with pytest.raises(UserError) as err:
+        published.protocol_row(model, "digits:5-9")
+    assert str(err.value).endswith("its protocols: p-slf (in-domain fashion-mnist:0-4); 27 corruption "
+                                   "protocols (they attack the in-domain head)")  # fmt: skip
