@@ -133,3 +133,42 @@ def test_the_targets_reading_says_what_the_generated_numbers_say(rows: list) -> 
     assert "more steps of this encoder would not meet the targets" in text
     gains = [g for run in tg.pilot_runs(BOARD / "pilot") for g in run.gains]
     assert gains and max(gains) < tg.GAIN
+
+
+def test_a_published_encoder_and_its_head_reproduce_their_committed_fgsm_outcomes(rows: list) -> None:
+    """``load_model(NAME, head=True)`` is the classifier the rows attacked: FGSM, which draws nothing at
+    random, gives the committed clean and robust outcome of each of the first examples again."""
+    import torch
+    from _models import one_thread
+
+    from robustbench_nacl import benchmark, load_dataset, load_model
+    from robustbench_nacl.published import find_model
+    from robustbench_nacl.results.bits import decode_bits
+    from robustbench_nacl.utils import device_name
+
+    n, name = 200, "convnet_small.acl_fashion-mnist-0-4_s0"
+    sha = find_model(name).weights_sha256
+    theirs = {
+        r["eps"]: r
+        for r in rows
+        if r["checkpoint_sha256"] == sha
+        and r["setting"] == "in-domain"
+        and protocol_name(r) == "slf"
+        and r["attack"] == "fgsm"
+    }
+    assert len(theirs) == 7, sorted(theirs)  # the suite's FGSM sweep, 0.002 to 0.1
+    test = load_dataset("fashion-mnist:0-4", "test")
+    suite = {"name": "fgsm-check", "attack": [{"name": "fgsm", "norm": "Linf", "eps": sorted(theirs)}]}
+    x, y = test.x[:n].float().div(255), test.y[:n]
+    with one_thread():  # the committed rows were measured with one torch thread
+        mine = benchmark(load_model(name, head=True), x, y, suite, progress=False)
+    mine = {r["eps"]: r for r in mine if r["attack"] == "fgsm"}
+    assert set(mine) == set(theirs)
+    for eps, r in theirs.items():
+        same_machine = r["device"] == device_name("cpu") and r["versions"]["torch"] == torch.__version__
+        for kind in ("clean", "robust"):
+            a = decode_bits(mine[eps][f"{kind}_bits"], n)
+            b = decode_bits(r[f"{kind}_bits"], r["n_examples_evaluated"])[:n]
+            flipped = int((a != b).sum())
+            # the same classifier: bit for bit on this machine; another CPU's rounding may flip one
+            assert flipped <= (0 if kind == "clean" or same_machine else 1), (eps, kind, flipped)
