@@ -150,6 +150,27 @@ def test_models_json_lists_every_published_entry_and_every_card_validates(
         jsonschema.validate(bad, schema)
 
 
+def test_models_adds_a_column_for_alf_and_aff_where_a_card_has_them(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dataclasses
+
+    from robustbench_nacl import published
+
+    demo = find_model(NAME)
+    code, out, _ = _cli(["models", "--dataset", "digits"], capsys)
+    assert code == 0 and "robust (ALF)" not in out.splitlines()[0]  # no demo card has ALF
+    alf = {**demo.card["headline"]["SLF"], "clean_acc": 0.692, "robust_acc": 0.534}
+    card = {**demo.card, "headline": {**demo.card["headline"], "ALF": alf}}
+    monkeypatch.setattr(
+        published, "published_models", lambda d=None: [dataclasses.replace(demo, card=card), demo]
+    )
+    code, out, _ = _cli(["models"], capsys)
+    header, _, with_alf, without = out.splitlines()[:4]
+    assert code == 0 and header.split("|")[-2].strip() == "robust (ALF)" and "robust (AFF)" not in header
+    assert with_alf.split("|")[-2].strip() == "53.4% (clean 69.2%)" and without.split("|")[-2].strip() == "-"
+
+
 def test_leaderboard_rows_accepts_a_published_set_or_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -206,12 +206,26 @@ def run_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{**m.card, "set": m.set} for m in models], indent=2))
         return 0
+    # ALF and AFF are the robust-SSL field's headline protocols: a column each where a card has them
+    finetuned = [p for p in ("ALF", "AFF") if any(m.card["headline"].get(p) for m in models)]
     table = []
     for m in models:
         h = m.card["headline"]["SLF"]
         robust = f"{h['robust_acc']:.1%} ({h['metric']} {h['norm']} {h['eps_label']})"
-        table.append([m.name, m.card["dataset"], m.card["loss"]["family"], f"{h['clean_acc']:.1%}", robust])
-    print(tabulate(table, headers=["name", "dataset", "loss", "clean", "robust (SLF)"], tablefmt="github"))
+        row = [m.name, m.card["dataset"], m.card["loss"]["family"], f"{h['clean_acc']:.1%}", robust]
+        for p in finetuned:
+            f = m.card["headline"].get(p)
+            row.append(f"{f['robust_acc']:.1%} (clean {f['clean_acc']:.1%})" if f else "-")
+        table.append(row)
+    headers = [
+        "name",
+        "dataset",
+        "loss",
+        "clean (SLF)",
+        "robust (SLF)",
+        *(f"robust ({p})" for p in finetuned),
+    ]
+    print(tabulate(table, headers=headers, tablefmt="github"))
     print(f"{len(models)} published models; load one with load_model(NAME) or `eval --model NAME`")
     for s in published_sets():
         if missing := not_covered(s):  # a preset added since: listed, never an error
