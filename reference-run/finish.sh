@@ -39,3 +39,8 @@ ROBUSTBENCH_NACL_WRITE_REFERENCE=1 robustbench-nacl zoo curves $ids --out "$mode
 
 # 5. the README's generated sections (claims, targets, beside the claims)
 python -m robustbench_nacl.report.readme leaderboard "$models"
+
+# 6. the mechanical hand steps: the reference test into tests/, tests/test_claims.py without its checks
+#    of the first board's hand-written paragraph, the leaderboard README's two sizes
+python reference-run/finish_hand.py
+ruff check --fix -q tests/test_claims.py
