@@ -259,6 +259,14 @@ def test_holm_runs_over_the_mcnemar_and_tost_p_values_of_the_claims_file(board: 
     )  # fmt: skip
 
 
+def test_a_claim_on_a_family_without_rows_says_so(board: tuple[Path, Path], tmp_path: Path) -> None:
+    claim = CLAIMS.split("[[claim]]")[1].replace("nca", "acl").replace("NCA", "ACL")  # no ACL rows here
+    path = tmp_path / "absent.toml"
+    path.write_text(CLAIMS.split("[[claim]]")[0] + "[[claim]]" + claim)
+    (r,) = json.loads(main_claims([board[0]], str(path), output="json"))["claims"]
+    assert r["comparison"] is None and r["reason"] == "no rows of acl here"
+
+
 def test_the_margin_switches_an_equivalence_off(board: tuple[Path, Path]) -> None:
     mix = _by_id(_data(board, margin=0.5))["mixnca-no-cost/in-domain/clean"]
     assert (mix["verdict"], mix["reason"]) == ("not established", "equivalence within 0.5 points not shown")

@@ -34,7 +34,7 @@ from ..packaged import files_dir
 from ..results.finetune import PROTOCOLS as PROTOCOL_NAMES
 from ..results.rows import SETTINGS, protocol_name
 from .aggregate import Entry, aggregate, validate_rows
-from .compare import Comparison, compare_entries, select_baseline
+from .compare import Comparison, compare_entries, is_family, select_baseline
 from .fmt import fmt_diff, fmt_p
 from .fmt import splice as splice_between
 from .metrics import metric_key, metric_label
@@ -186,7 +186,9 @@ def _compare(groups: dict[tuple, list[Entry]], claim: Claim) -> tuple[Comparison
     base, _ = select_baseline(group, claim.baseline, strict=False)
     cand, _ = select_baseline(group, claim.candidate, strict=False)
     if base is None or cand is None:
-        return None, f"no single recipe of {claim.baseline if base is None else claim.candidate} here"
+        family = claim.baseline if base is None else claim.candidate
+        several = any(is_family(e, family) for e in group)  # else: none at all under this protocol
+        return None, f"{'no single recipe' if several else 'no rows'} of {family} here"
     keys = sorted({metric_key(r) for e in group for r in e.rows})
     metric = _rank_by(claim.metric, claim.id).resolve(keys)
     if metric is None or metric not in base.values or metric not in cand.values:
