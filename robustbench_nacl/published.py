@@ -214,8 +214,9 @@ def protocol_row(model: PublishedModel, protocol: str | None) -> ResultRow:
         raise UserError(
             f"a published set holds the SLF linear heads only: {want.upper()} trains its own head"
             + (" and finetunes the encoder" if want.lower() == "aff" else "")
-            + f" on each run; evaluate it with `robustbench-nacl eval --model {model.name} --protocol"
-            f" {want.lower()}`, or leave protocol out for the in-domain SLF head"
+            + " on each run; evaluate it as the reference did with `robustbench-nacl eval --model"
+            f" {model.name} --like-zoo {model.set} --protocol {want.lower()}`, or leave protocol out for"
+            " the in-domain SLF head"
         )
     for r in rows:
         if want in (r["protocol_id"], r["dataset"], r["setting"]):

@@ -29,6 +29,10 @@ def test_eval_like_zoo_writes_the_rows_zoo_eval_writes(
     mine = tmp_path / "mine"
     assert cli.main(["eval", str(ck / e.id), "--like-zoo", "t", "--seed", "1", "--out", str(mine)]) == 0
     assert _ids(mine) == _ids(board) and len(_ids(mine)) > 10  # in-domain, transfer and the shift
+    # without --seed, the zoo's own checkpoint is evaluated with its entry's seed: its rows again
+    again = tmp_path / "again"
+    assert cli.main(["eval", str(ck / e.id), "--like-zoo", "t", "--out", str(again)]) == 0
+    assert _ids(again) == _ids(board)
     # another evaluation seed: the same protocol otherwise, so different rows of the same settings
     other = tmp_path / "other"
     assert cli.main(["eval", str(ck / e.id), "--like-zoo", "t", "--seed", "2", "--out", str(other)]) == 0

@@ -186,7 +186,8 @@ def test_a_head_is_looked_up_among_slf_rows_only(monkeypatch: pytest.MonkeyPatch
         published.protocol_row(model, "p-alf")
     assert published.protocol_row(model, "SLF")["protocol_id"] == "p-slf"  # the field's name for it
     with pytest.raises(UserError, match=r"SLF linear heads only: ALF trains its own head on each run; "
-                       r"evaluate it with `robustbench-nacl eval --model m --protocol alf`"):  # fmt: skip
+                       r"evaluate it as the reference did with "
+                       r"`robustbench-nacl eval --model m --like-zoo s --protocol alf`"):  # fmt: skip
         published.protocol_row(model, "alf")
     rows += [row(f"p-c{i}", "corruption") for i in range(27)]
     with pytest.raises(UserError) as err:

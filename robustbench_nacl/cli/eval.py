@@ -4,6 +4,7 @@ the result rows it wrote."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +69,23 @@ _ZOO_SETS = {
 }
 
 
+def _checkpoint_id(args: argparse.Namespace) -> str | None:
+    """The zoo entry id of what ``eval`` evaluates: a published model's name, or the id in a
+    checkpoint folder's manifest (None where it has none or cannot be read: the checks come later)."""
+    if args.model is not None:
+        return args.model
+    try:
+        return json.loads((Path(args.checkpoint) / "manifest.json").read_text()).get("id")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
 def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
     """``--like-zoo ZOO``: evaluate()'s keyword arguments as that zoo's manifests evaluate their
-    entries (the entry of ``--seed``, else the first; the evaluation seed stays ``--seed``), so that
-    the rows share the zoo's protocols and rank beside its board. The flags it sets must be left out."""
+    entries, so that the rows share the zoo's protocols and rank beside its board. The entry is the
+    checkpoint's own where it is one of the zoo's (a published model, or a checkpoint the zoo trained),
+    else the entry of ``--seed``, else the first; the evaluation seed is ``--seed``, by default the
+    entry's own (so the zoo's own checkpoint gets its rows again). The flags it sets must be left out."""
     from dataclasses import replace
 
     from .. import zoo
@@ -93,7 +107,11 @@ def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
             f"{'it' if len(given) == 1 else 'them'}, or drop --like-zoo and give every flag yourself"
         )
     entries = zoo.load_zoo(args.like_zoo)
-    entry = next((e for e in entries if e.seed == args.seed), entries[0])
+    own = _checkpoint_id(args)
+    entry = next((e for e in entries if e.id == own), None) or next(
+        (e for e in entries if e.seed == (args.seed or 0)), entries[0]
+    )
+    args.seed = entry.seed if args.seed is None else args.seed
     kw = eval_arguments(replace(entry, seed=args.seed))
     kw["dataset"] = args.dataset or entry.dataset
     kw["protocol"] = args.protocol or kw["protocol"]
@@ -124,6 +142,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     refuse_reference_dir(args.out)
     zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
+    args.seed = 0 if args.seed is None else args.seed
     checkpoint, heads = _eval_source(args)
     kw = _from_flags(args) | zoo_kw
     rows = evaluate(checkpoint, heads=heads, fmt=args.format, progress=not args.no_progress, **kw)
@@ -260,7 +279,13 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--n-examples", type=int, default=None, help="evaluate the first N test examples (default: all)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="evaluation seed: attack starts, probe initialisation (default 0; with --like-zoo, the "
+        "zoo entry's own seed)",
+    )
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
     p.add_argument("--batch-size", type=int, default=None, help="attack batch size")
     p.add_argument("--arch", default=None, help="architecture of a foreign checkpoint, e.g. resnet18_cifar")
