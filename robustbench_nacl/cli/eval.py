@@ -226,11 +226,8 @@ def _budget_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def eval_args(p: argparse.ArgumentParser) -> None:
-    """The flags of ``eval``, with one flag per ProbeConfig, AlfConfig and AffConfig field."""
-    deterministic_flag(p)
-    from ..eval.probe import ProbeConfig
-
+def _source_args(p: argparse.ArgumentParser) -> None:
+    """What ``eval`` evaluates (a checkpoint or a published model) and what it writes beside the rows."""
     p.add_argument(
         "checkpoint",
         nargs="?",
@@ -249,6 +246,14 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--save-heads", action="store_true", help="also write the fitted linear heads to OUT/heads/"
     )
+
+
+def eval_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``eval``, with one flag per ProbeConfig, AlfConfig and AffConfig field."""
+    deterministic_flag(p)
+    from ..eval.probe import ProbeConfig
+
+    _source_args(p)
     p.add_argument(
         "--dataset", default=None, help="in-domain dataset (default: the checkpoint's pretraining dataset)"
     )
