@@ -7,6 +7,7 @@ with the shipped manifests; its weights, heads, rows and cards live in the packa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import http.server
 import json
@@ -21,7 +22,7 @@ import torch
 from _models import one_thread
 from _reliability import TINY
 
-from robustbench_nacl import load_model, published_models, zoo
+from robustbench_nacl import load_model, published, published_models, zoo
 from robustbench_nacl.cli import main
 from robustbench_nacl.data import load_dataset
 from robustbench_nacl.errors import UserError
@@ -153,10 +154,6 @@ def test_models_json_lists_every_published_entry_and_every_card_validates(
 def test_models_adds_a_column_for_alf_and_aff_where_a_card_has_them(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import dataclasses
-
-    from robustbench_nacl import published
-
     demo = find_model(NAME)
     code, out, _ = _cli(["models", "--dataset", "digits"], capsys)
     assert code == 0 and "robust (ALF)" not in out.splitlines()[0]  # no demo card has ALF

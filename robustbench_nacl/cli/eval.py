@@ -111,8 +111,7 @@ def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
     entry = next((e for e in entries if e.id == own), None) or next(
         (e for e in entries if e.seed == (args.seed or 0)), entries[0]
     )
-    args.seed = entry.seed if args.seed is None else args.seed
-    kw = eval_arguments(replace(entry, seed=args.seed))
+    kw = eval_arguments(entry if args.seed is None else replace(entry, seed=args.seed))  # its "seed" too
     kw["dataset"] = args.dataset or entry.dataset
     kw["protocol"] = args.protocol or kw["protocol"]
     del kw["control"]
@@ -142,7 +141,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     refuse_reference_dir(args.out)
     zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
-    args.seed = 0 if args.seed is None else args.seed
+    args.seed = 0 if args.seed is None else args.seed  # without --like-zoo; with it, zoo_kw's seed wins
     checkpoint, heads = _eval_source(args)
     kw = _from_flags(args) | zoo_kw
     rows = evaluate(checkpoint, heads=heads, fmt=args.format, progress=not args.no_progress, **kw)
