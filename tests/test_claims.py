@@ -18,8 +18,7 @@ from scipy import stats
 from robustbench_nacl.cli import main as cli_main
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.report.claims import BEGIN, END, load_claims, main_claims, markers, reading, splice
-from robustbench_nacl.report.compare import main_compare
-from robustbench_nacl.report.fmt import fmt_diff, fmt_p
+from robustbench_nacl.report.fmt import fmt_diff
 from robustbench_nacl.report.stats import holm, tost_paired
 from robustbench_nacl.results.bits import decode_bits, encode_bits
 from robustbench_nacl.results.rows import ResultRow, write_row
@@ -381,11 +380,6 @@ def test_splice_replaces_only_the_marked_section() -> None:
 # ============ the reference leaderboard's reading ============
 
 
-@pytest.fixture(scope="module")
-def committed() -> dict[str, Any]:
-    return json.loads(main_compare([BOARD], "simclr", as_json=True))
-
-
 def test_the_readme_reading_is_what_compare_claims_makes_of_the_committed_rows() -> None:
     data = json.loads(
         main_claims([BOARD], "nacl", output="json")
@@ -393,39 +387,6 @@ def test_the_readme_reading_is_what_compare_claims_makes_of_the_committed_rows()
     readme = (BOARD / "README.md").read_text()
     assert readme.count(BEGIN) == 1 and readme.count(END) == 1
     assert readme.split(BEGIN)[1].split(END)[0] == "\n" + reading(data)
-
-
-def _cmp(data: dict[str, Any], family: str, setting: str, metric: str) -> dict[str, Any]:
-    (c,) = [
-        c for c in data["comparisons"]
-        if c["candidate"].split()[0] == family and c["setting"] == setting and c["metric"] == metric
-    ]  # fmt: skip
-    return c
-
-
-def _cited(c: dict[str, Any]) -> str:
-    p = fmt_p(c["p_holm"])
-    return (
-        f"{fmt_diff(c['diff'], c['lo'], c['hi'])}, Holm p {'< ' + p[1:] if p.startswith('<') else '= ' + p}"
-    )
-
-
-def test_every_number_outside_the_generated_reading_is_compares(committed: dict[str, Any]) -> None:
-    readme = (BOARD / "README.md").read_text()
-    worst, clean = "worst_case_Linf_0.032", "clean"
-    hardneg = _cmp(committed, "hardneg", "in-domain", worst)
-    assert f"hardneg, {_cited(hardneg)}" in readme and hardneg["lo"] < 0 < hardneg["hi"]
-    supervised = _cmp(committed, "supervised", "in-domain", clean)
-    assert f"clean {_cited(supervised)}" in readme
-    in_domain = [c for c in committed["comparisons"] if c["setting"] == "in-domain" and c["metric"] == clean]
-    assert max(in_domain, key=lambda c: c["diff"]) is supervised  # "the most accurate in-domain"
-    transfer = _cmp(committed, "supervised", "transfer", worst)
-    assert f"8.16/255 {_cited(transfer)}" in readme
-    dacl = _cmp(committed, "dacl_plus", "in-domain", worst)
-    assert f"DACL+ ({_cited(dacl)})" in readme
-    robust = [c for c in committed["comparisons"] if c["setting"] == "in-domain" and c["metric"] == worst]
-    assert min(robust, key=lambda c: c["diff"]) is dacl  # "the least robust family in-domain"
-    assert f"its {committed['n_tests']:,} tests" in readme
 
 
 def test_claims_run_where_torch_cannot_be_imported() -> None:

@@ -1,6 +1,7 @@
 """The published reference leaderboard (leaderboard/): its outputs are what the renderer makes of its
-committed rows, and the rows cover what the reference protocol promises (docs/decisions.md,
-'Reference leaderboard')."""
+committed rows, the rows cover what the reference protocol promises (docs/decisions.md, 'Reference
+leaderboard'), every row names published weights that verify, and every generated section of its
+README is what the code makes of the committed rows and manifests."""
 
 from __future__ import annotations
 
@@ -10,16 +11,29 @@ from pathlib import Path
 
 import pytest
 
+from robustbench_nacl import zoo
+from robustbench_nacl.io import sha256_file
 from robustbench_nacl.losses import PRESETS
+from robustbench_nacl.packaged import published_dir
+from robustbench_nacl.report import readme
 from robustbench_nacl.report.leaderboard import render_leaderboard
-from robustbench_nacl.results.rows import load_rows
+from robustbench_nacl.results.rows import load_rows, protocol_name
 
 BOARD = Path(__file__).resolve().parents[1] / "leaderboard"
+SET = published_dir() / "fashion-mnist"
+MODELS = SET / "models"
+SEEDS = {0, 1, 2}
+SHIFTS = {"fashion-mnist:0-4@crop", "fashion-mnist:0-4@flip", "fashion-mnist:0-4@jitter"}
+CORRUPTIONS = 9 * 3  # the nine grey-image corruptions at severities 1, 3 and 5
 
 
 @pytest.fixture(scope="module")
 def rows() -> list:
     return load_rows(BOARD)
+
+
+def _seed(r) -> int:
+    return int(r["seed"] if r["control"] else r["train_seed"])
 
 
 def test_committed_markdown_and_csv_are_what_the_renderer_makes_of_the_committed_rows(
@@ -31,39 +45,130 @@ def test_committed_markdown_and_csv_are_what_the_renderer_makes_of_the_committed
         assert (tmp_path / name).read_text() == (BOARD / name).read_text(), f"{name} differs: re-render it"
 
 
-def test_rows_cover_every_preset_and_the_control_with_three_seeds_in_every_setting(rows: list) -> None:
-    seeds: dict[tuple[str, str, str], set[int]] = defaultdict(set)
+def test_every_family_and_the_control_under_every_protocol_setting_and_seed(rows: list) -> None:
+    seeds: dict[tuple, set[int]] = defaultdict(set)
     for r in rows:
-        seeds[(r["loss"], r["setting"], r["dataset"])].add(r["train_seed"] if not r["control"] else r["seed"])
-    families = {loss for loss, _, _ in seeds}
-    # the reference declares what it covers: a preset added since is "not in the reference yet"
+        where = (r["setting"], r["dataset"], r.get("corruption"), r.get("severity"))
+        seeds[(r["loss"], protocol_name(r), *where)].add(_seed(r))
+    families = {k[0] for k in seeds}
     declared = set(json.loads((BOARD / "coverage.json").read_text())["presets"])
-    assert families == declared | {"random-init"}
-    assert declared <= set(PRESETS.names())
+    assert families == declared | {"random-init"} and declared <= set(PRESETS.names())
     if missing := sorted(set(PRESETS.names()) - declared):
         print(f"not in the reference yet: {', '.join(missing)}")
-    datasets = {
-        ("in-domain", "fashion-mnist:0-4"),
-        ("transfer", "fashion-mnist:5-9"),
-        ("shift", "fashion-mnist:0-4@crop"),
-        ("shift", "fashion-mnist:0-4@flip"),
-        ("shift", "fashion-mnist:0-4@jitter"),
-    }
     for family in families:
-        for setting, dataset in datasets:
-            assert len(seeds[(family, setting, dataset)]) >= 3, (family, setting, dataset)
-    assert {r["n_examples"] for r in rows} == {1000}
-    assert {r["n_examples_evaluated"] for r in rows} == {1000}
-    # one protocol per setting: every family is ranked in the same tables
-    assert len({r["protocol_id"] for r in rows}) == len(datasets)
+        mine = {k[1:]: v for k, v in seeds.items() if k[0] == family}
+        slf = {k[1:]: v for k, v in mine.items() if k[0] == "slf"}
+        assert slf[("in-domain", "fashion-mnist:0-4", None, None)] == SEEDS, family
+        assert slf[("transfer", "fashion-mnist:5-9", None, None)] == SEEDS, family
+        assert {k[1] for k in slf if k[0] == "shift"} == SHIFTS, family
+        assert all(v == SEEDS for k, v in slf.items()), family
+        assert sum(k[0] == "corruption" for k in slf) == CORRUPTIONS, family
+        assert mine[("alf", "in-domain", "fashion-mnist:0-4", None, None)] == SEEDS, family  # ALF: every seed
+        assert mine[("aff", "in-domain", "fashion-mnist:0-4", None, None)] == {0}, family  # AFF: seed 0
+        assert {k[1] for k in mine if k[0] in ("alf", "aff")} == {"in-domain"}, family
+    assert {r["n_examples"] for r in rows} == {500} and {r["n_examples_evaluated"] for r in rows} == {500}
 
 
-def test_the_legend_names_each_pgd_setting_of_the_suite_with_its_epsilons(rows: list) -> None:
-    legend = (BOARD / "LEADERBOARD.md").read_text().split("\n## ")[0]
-    for params, eps in (
-        ("restarts=2, step_size=0.01", "0.51/255"),
-        ("step_size=0.008, steps=10", "8.16/255"),
-    ):
-        assert f"{params}" in legend and f" at {eps}" in legend
-    settings = {json.dumps(r["attack_params"], sort_keys=True) for r in rows if r["attack"] == "pgd"}
-    assert len(settings) == 3 == legend.count("early_stop=True")
+def test_autoattack_standard_in_domain_and_its_apgd_in_transfer_for_every_encoder(rows: list) -> None:
+    aa: dict[tuple, dict] = {}
+    encoders = set()
+    for r in rows:
+        key = (r["checkpoint_sha256"], protocol_name(r), r["setting"], r["dataset"])
+        if r["setting"] in ("in-domain", "transfer"):
+            encoders.add(key)
+        if r["attack"] == "autoattack":
+            assert r["eps"] == 0.032 and r["attack_versions"].get("pyautoattack"), r["row_id"]
+            aa[key] = dict(r["attack_params"])
+    assert set(aa) == encoders  # every encoder, protocol and main setting has its AutoAttack row
+    assert {json.dumps(p, sort_keys=True) for (_, _, s, _), p in aa.items() if s == "in-domain"} == {
+        json.dumps({"version": "standard"})
+    }
+    assert {json.dumps(p, sort_keys=True) for (_, _, s, _), p in aa.items() if s == "transfer"} == {
+        json.dumps({"attacks": ["apgd-ce", "apgd-t"], "version": "custom"}, sort_keys=True)
+    }
+
+
+def test_every_trained_row_names_published_weights_that_verify(rows: list, tmp_path: Path) -> None:
+    entries = zoo.load_zoo("fashion-mnist")
+    cards = {p.parent.name: json.loads(p.read_text()) for p in MODELS.glob("*/card.json")}
+    assert set(cards) == {e.id for e in entries}
+    for e in entries:  # the zoo pin, the card, the manifest and the file agree
+        sha = sha256_file(MODELS / e.id / "weights.safetensors")
+        manifest = json.loads((MODELS / e.id / "manifest.json").read_text())
+        assert e.weights_sha256 == cards[e.id]["weights_sha256"] == manifest["weights_sha256"] == sha, e.id
+    for r in rows:
+        if not r["control"]:
+            assert r["checkpoint_sha256"] == cards[r["checkpoint_id"]]["weights_sha256"], r["row_id"]
+    report = zoo.verify_entries(entries, tmp_path / "nothing-trained-here")
+    assert not report.bad and not report.missing and len(report.published) == len(entries)
+
+
+def test_the_readme_states_the_published_size_as_it_is() -> None:
+    size = sum(p.stat().st_size for p in SET.rglob("*") if p.is_file())
+    weights = sum(p.stat().st_size for p in MODELS.glob("*/weights.safetensors"))
+    text = " ".join((BOARD / "README.md").read_text().split())
+    assert f"{weights / 1e6:.1f} MB of fp32 weights" in text and f"{size / 1e6:.1f} MB in all" in text
+
+
+def test_every_generated_section_of_the_readme_is_what_the_code_makes_of_the_committed_rows() -> None:
+    assert readme.regenerate(BOARD, MODELS) == (BOARD / "README.md").read_text(), (
+        "run `python -m robustbench_nacl.report.readme leaderboard "
+        "robustbench_nacl/files/published/fashion-mnist/models`"
+    )
+
+
+def test_the_targets_reading_says_what_the_generated_numbers_say(rows: list) -> None:
+    from robustbench_nacl.report import targets as tg
+
+    t = tg.targets(tg.read_manifests(MODELS), rows)
+    text = " ".join((BOARD / "README.md").read_text().split())
+    # "the control's probe is fitted here"
+    assert "the control's probe is fitted here" in text
+    assert t.control_fit and all(knn - train <= tg.GAIN / 100 for _, train, knn in t.control_fit)
+    # "even the supervised baseline ... is short of the second target"
+    assert "even the supervised baseline" in text
+    supervised = next(f for f in t.families if f.family == "supervised")
+    assert t.above_control(supervised) is not None and t.above_control(supervised) < tg.GAIN
+    # "more steps of this encoder would not meet the targets": the pilot's best gains stay below them
+    assert "more steps of this encoder would not meet the targets" in text
+    gains = [g for run in tg.pilot_runs(BOARD / "pilot") for g in run.gains]
+    assert gains and max(gains) < tg.GAIN
+
+
+def test_a_published_encoder_and_its_head_reproduce_their_committed_fgsm_outcomes(rows: list) -> None:
+    """``load_model(NAME, head=True)`` is the classifier the rows attacked: FGSM, which draws nothing at
+    random, gives the committed clean and robust outcome of each of the first examples again."""
+    import torch
+    from _models import one_thread
+
+    from robustbench_nacl import benchmark, load_dataset, load_model
+    from robustbench_nacl.published import find_model
+    from robustbench_nacl.results.bits import decode_bits
+    from robustbench_nacl.utils import device_name
+
+    n, name = 200, "convnet_small.acl_fashion-mnist-0-4_s0"
+    sha = find_model(name).weights_sha256
+    theirs = {
+        r["eps"]: r
+        for r in rows
+        if r["checkpoint_sha256"] == sha
+        and r["setting"] == "in-domain"
+        and protocol_name(r) == "slf"
+        and r["attack"] == "fgsm"
+    }
+    assert len(theirs) == 7, sorted(theirs)  # the suite's FGSM sweep, 0.002 to 0.1
+    test = load_dataset("fashion-mnist:0-4", "test")
+    suite = {"name": "fgsm-check", "attack": [{"name": "fgsm", "norm": "Linf", "eps": sorted(theirs)}]}
+    x, y = test.x[:n].float().div(255), test.y[:n]
+    with one_thread():  # the committed rows were measured with one torch thread
+        mine = benchmark(load_model(name, head=True), x, y, suite, progress=False)
+    mine = {r["eps"]: r for r in mine if r["attack"] == "fgsm"}
+    assert set(mine) == set(theirs)
+    for eps, r in theirs.items():
+        same_machine = r["device"] == device_name("cpu") and r["versions"]["torch"] == torch.__version__
+        for kind in ("clean", "robust"):
+            a = decode_bits(mine[eps][f"{kind}_bits"], n)
+            b = decode_bits(r[f"{kind}_bits"], r["n_examples_evaluated"])[:n]
+            flipped = int((a != b).sum())
+            # the same classifier: bit for bit on this machine; another CPU's rounding may flip one
+            assert flipped <= (0 if kind == "clean" or same_machine else 1), (eps, kind, flipped)
