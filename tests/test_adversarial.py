@@ -89,10 +89,10 @@ def test_acl_and_dynacl_loss_equal_the_naive_per_anchor_reference(mode: str, w: 
 
 def test_rocl_loss_equals_the_naive_per_anchor_reference() -> None:
     z1, z2, za, _ = four(10)
-    got = rocl_loss(z1, z2, za, T, 256.0).item()
+    got = rocl_loss([z1, z2, za], T, 256.0).item()
     assert got == pytest.approx(naive_rocl(z1, z2, za, T, 256.0), rel=1e-10, abs=1e-10)
     # the adversarial view is a positive: moving it onto view 1 lowers the loss
-    assert rocl_loss(z1, z2, z1.clone(), T, 256.0).item() < got
+    assert rocl_loss([z1, z2, z1.clone()], T, 256.0).item() < got
 
 
 def naive_deacl(s: torch.Tensor, sa: torch.Tensor, t: torch.Tensor, k: float) -> float:
@@ -128,7 +128,7 @@ def test_losses_match_the_authors_code_golden_values() -> None:
         if c["loss"] == "deacl":  # cosines of the raw features: student clean, teacher, student adversarial
             got, rel = deacl_loss(raw[0], raw[2], raw[1], c["trades_k"]).item(), 1e-10
         elif c["loss"] == "rocl":
-            got = rocl_loss(z1, z2, a1, c["t"], c["rocl_lamda"]).item()
+            got = rocl_loss([z1, z2, a1], c["t"], c["rocl_lamda"]).item()
             rel = 1e-6  # RoCL's code adds 1e-8 inside its logs
         else:
             mode = c.get("acl_mode", "ds")
@@ -210,6 +210,15 @@ def _model(dual_bn: bool, seed: int = 0, head: str = "clae") -> ContrastiveModel
     return ContrastiveModel(enc, head).double()
 
 
+def _preset_model(p, seed: int = 0) -> ContrastiveModel:  # type: ignore[no-untyped-def]
+    """The preset's model as the trainer builds it: its head, BatchNorm and ``prepare`` hook."""
+    model = _model(p.dual_bn, seed=seed, head=p.head)
+    prepare = OBJECTIVES.get(p.objective).prepare
+    if prepare is not None:
+        prepare(model, p)
+    return model
+
+
 def _step_context(teacher: torch.nn.Module) -> StepContext:
     """The trainer's context for one step at epoch 0 of 10; ``teacher``: DeACL's stage-1 encoder."""
     return StepContext(
@@ -224,7 +233,7 @@ def _step_context(teacher: torch.nn.Module) -> StepContext:
 @pytest.mark.parametrize("preset", ["acl", "rocl", "dynacl", "deacl"])
 def test_objective_runs_and_updates_only_through_backward(preset: str) -> None:
     p = resolve(preset)
-    model = _model(p.dual_bn, head=p.head).float()
+    model = _preset_model(p).float()
     xs = [x.float() for x in _images(8)]
     obj = OBJECTIVES.get(p.objective)
     assert obj.contextual
@@ -242,27 +251,28 @@ def test_each_presets_inner_attack_strictly_increases_the_loss_it_maximises(
 ) -> None:
     """The attack loss each preset builds (ACL/DynACL NT-Xent of the attacked pair, RoCL's NT-Xent
     against view 2, DeACL's -cos to the teacher), evaluated before and after the preset's own PGD."""
-    import robustbench_nacl.losses.adversarial as adversarial
+    import importlib
 
+    method = importlib.import_module(f"robustbench_nacl.losses.adversarial.{preset}")
     seen: list[tuple] = []
-    engine = adversarial.pgd_maximise
+    engine = method.pgd_maximise
 
     def recording(model, xs, loss_fn, attack, **kw):  # type: ignore[no-untyped-def]
         out = engine(model, xs, loss_fn, attack, **kw)
-        seen.append((model, xs, loss_fn, attack, kw.get("route", "clean"), out))
+        seen.append((model, xs, loss_fn, attack, out))
         return out
 
-    monkeypatch.setattr(adversarial, "pgd_maximise", recording)
+    monkeypatch.setattr(method, "pgd_maximise", recording)
     p = resolve(preset)
-    model = _model(p.dual_bn, head=p.head)
+    model = _preset_model(p)
     xs = _images(16)
     ctx = _step_context(_model(False, seed=1).encoder.eval())
     OBJECTIVES.get(p.objective).loss(model, xs, None, p, torch.Generator(), False, ctx=ctx)
     assert len(seen) == 1
-    model, clean, loss_fn, attack, route, adv = seen[0]
+    model, clean, loss_fn, attack, adv = seen[0]
     assert attack.steps == p.extra_params()["attack_steps"] and attack.eps == p.extra_params()["attack_eps"]
     model.eval()
-    with torch.no_grad(), bn_route(model, route):
+    with torch.no_grad():  # each method's loss_fn routes its own BatchNorm
         before, after = loss_fn(clean).item(), loss_fn(adv).item()
     assert after > before + 1e-4, (preset, before, after)
     for x, xa in zip(clean, adv, strict=True):

@@ -114,7 +114,8 @@ _ATTACK_SHORT = {"attack_eps": "eps", "attack_steps": "steps", "attack_step_size
 
 
 def _print_adversarial(entries: list[dict[str, Any]], tabulate: Callable[..., str], blank: bool) -> None:
-    """The adversarial-pretraining presets (losses/adversarial.py): inner PGD and method parameters."""
+    """The adversarial-pretraining presets (losses/adversarial/): inner PGD, projection head, views
+    and each method's own parameters (jitter strength, momentum, student initialisation...)."""
     rows = []
     for e in entries:
         extra = e["params"]["extra"]
@@ -128,13 +129,14 @@ def _print_adversarial(entries: list[dict[str, Any]], tabulate: Callable[..., st
                 e["name"],
                 *(f"{extra[k]:.4g}" if isinstance(extra[k], float) else extra[k] for k in _ATTACK_SHORT),
                 "dual" if e["needs"]["adversarial"] and e["params"]["dual_bn"] else "single",
+                e["params"]["head"],
                 e["params"]["views"],
                 " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in own.items()),
                 e["description"],
                 _loss_source(e),
             ]
         )
-    headers = ["preset", "eps", "steps", "step", "BN", "views", "parameters", "loss", "source"]
+    headers = ["preset", "eps", "steps", "step", "BN", "head", "views", "parameters", "loss", "source"]
     print(
         ("\n" if blank else "")
         + "Adversarial contrastive pretraining: inner PGD (Linf, [0,1] pixel units, random start) on the\n"

@@ -180,6 +180,12 @@ class Objective:
     # what the objective needs once per run, ``setup(p, device) -> {name: object}``, in ``ctx.resources``
     # (DeACL's frozen teacher)
     setup: Callable[[LossParams, torch.device], dict[str, Any]] | None = None
+    # called once on the freshly built model, before a resumed state is loaded into it,
+    # ``prepare(model, p)`` (DeACL's student from its teacher, DynACL's EMA network)
+    prepare: Callable[[nn.Module, LossParams], None] | None = None
+    # the module whose weights the checkpoint holds, ``export(model, p)`` (DynACL: the EMA network);
+    # None: the trained model itself
+    export: Callable[[nn.Module, LossParams], nn.Module] | None = None
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")

@@ -197,7 +197,7 @@ _preset(
     head="linear",
 )
 
-# ============ adversarial contrastive pretraining (losses/adversarial.py) ============
+# ============ adversarial contrastive pretraining (losses/adversarial/) ============
 # Their own parameters live in ``extra`` (the other presets' recorded identities stay unchanged);
 # defaults and sources: docs/decisions.md, 'Adversarial contrastive pretraining'.
 
@@ -209,35 +209,38 @@ def _adv_preset(name: str, paper: str, description: str, extra: dict[str, Any], 
 _adv_preset(
     "acl",
     "Jiang et al. 2020, ACL (NeurIPS)",
-    "ACL(DS): (NT-Xent(clean) + NT-Xent(PGD-5 8/255 views))/2, dual BN; acl_mode ds, a2a or a2s",
+    "ACL(DS): (NT-Xent(clean) + NT-Xent(PGD-5 8/255 views))/2, dual BN, 3-layer BN head; acl_mode ds/a2a/a2s",
     {**ACL_ATTACK, "acl_mode": "ds", "aug_strength": 1.0},
     objective="acl",
     views="acl",
+    head="acl_mlp3_dualbn",
     t=0.5,
 )
 _adv_preset(
     "rocl",
     "Kim et al. 2020, RoCL (NeurIPS)",
-    "RoCL: PGD-7 0.0314 on view 1 vs view 2; adv view an extra positive + NT-Xent(adv, v2)/256",
-    {**ROCL_ATTACK, "rocl_lamda": 256.0},
+    "RoCL: PGD-7 0.0314 on view 1 vs view 2; adv view an extra positive + NT-Xent(adv, v2)/256; jitter 0.5",
+    {**ROCL_ATTACK, "rocl_lamda": 256.0, "strength": 0.5, "scale_min": 0.08},
     objective="rocl",
     views="simclr",
+    head="rocl_2048_128",
     t=0.5,
     dual_bn=False,
 )
 _adv_preset(
     "dynacl",
     "Luo et al. 2023, DynACL (ICLR)",
-    "DynACL: ACL(DS) with strength 1 -> 0 and adv weight 1 -> 5/3 annealed (reload_frac, swap_param)",
-    {**ACL_ATTACK, "acl_mode": "ds", "reload_frac": 0.05, "swap_param": 2 / 3},
+    "DynACL: ACL(DS) through an online/EMA (m 0.99) swap, strength 1 -> 0 and adv weight 1 -> 5/3 annealed",
+    {**ACL_ATTACK, "acl_mode": "ds", "reload_frac": 0.05, "swap_param": 2 / 3, "momentum": 0.99},
     objective="dynacl",
     views="acl",
+    head="acl_mlp3_dualbn",
     t=0.5,
 )
 _adv_preset(
     "deacl",
     "Zhang et al. 2022, DeACL (ECCV)",
-    "DeACL: -cos(s(x), teacher(x)) - 2 cos(s(x_adv), s(x)), PGD-5 8/255; --set teacher=DIR",
+    "DeACL: student starts as teacher; -cos(s(x), t(x)) - 2 cos(s(x_adv), s(x)), PGD-5; --set teacher=DIR",
     {**DEACL_ATTACK, "teacher": "", "trades_k": 2.0},
     objective="deacl",
     views="pad_crop_flip",

@@ -42,6 +42,40 @@ def simclr_head(in_dim: int, hidden: int = 512, out_dim: int = 128) -> nn.Module
     )
 
 
+@HEADS.register(
+    "acl_mlp3_dualbn",
+    description="Linear(d,d)-BN-ReLU-Linear(d,d,no bias)-BN-ReLU-Linear(d,d,no bias)-BN: ACL/DynACL "
+    "proj_head (its BatchNorms dual when the encoder's are)",
+    hidden=None,
+    out_dim=None,
+)
+def acl_mlp3_head(in_dim: int, hidden: int | None = None, out_dim: int | None = None) -> nn.Module:
+    # ACL/DynACL models/resnet_multi_bn.py proj_head(ch): every layer ch wide, a BatchNorm after each
+    # of the three linear layers (the last one too), ReLU after the first two only
+    hidden, out_dim = hidden or in_dim, out_dim or in_dim
+    return nn.Sequential(
+        nn.Linear(in_dim, hidden),
+        nn.BatchNorm1d(hidden),
+        nn.ReLU(inplace=True),
+        nn.Linear(hidden, hidden, bias=False),
+        nn.BatchNorm1d(hidden),
+        nn.ReLU(inplace=True),
+        nn.Linear(hidden, out_dim, bias=False),
+        nn.BatchNorm1d(out_dim),
+    )
+
+
+@HEADS.register(
+    "rocl_2048_128",
+    description="Linear(d,2048)-ReLU-Linear(2048,128): RoCL projector",
+    hidden=2048,
+    out_dim=128,
+)
+def rocl_head(in_dim: int, hidden: int = 2048, out_dim: int = 128) -> nn.Module:
+    # RoCL src/models/projector.py (Projector, expansion 1): no BatchNorm
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
+
+
 @HEADS.register("none", description="identity: the loss sees the encoder features", hidden=None, out_dim=None)
 def identity_head(in_dim: int, hidden: int | None = None, out_dim: int | None = None) -> nn.Module:
     if hidden is not None or (out_dim is not None and out_dim != in_dim):

@@ -39,7 +39,7 @@ from .config import TrainConfig, check_settings, check_train_size
 from .distributed import World
 from .epoch_log import LOG, write_log
 from .manifest import RunOutcome, build_manifest, run_id
-from .step import TrainStep, build_model, check_finite, epoch_values
+from .step import TrainStep, build_model, check_finite, epoch_values, exported
 
 STATE = "train_state.pt"
 STATE_KEYS = ("model", "optimizer", "torch_rng", "config", "epoch", "elapsed", "log")
@@ -125,7 +125,9 @@ def train(
     step = TrainStep(cfg, params, run.net, run.optimizer, objective=objective, view_maker=view_maker)
     if not run.log and cfg.knn_every > 0 and world.main:
         # epoch 0: the same encoder at random initialisation, the baseline training must beat
-        run.log.append({"epoch": 0, **_monitor(run.model, run.data.train, run.data.test, cfg)})
+        run.log.append(
+            {"epoch": 0, **_monitor(exported(run.model, params), run.data.train, run.data.test, cfg)}
+        )
     _train_epochs(run, step, progress and world.main)
     if world.main:
         _write_checkpoint(run, params)
@@ -242,7 +244,7 @@ def _train_epochs(run: _Run, step: TrainStep, progress: bool) -> None:
         if not run.world.main:
             continue  # the other ranks go on to the next epoch's first collective and wait there
         if (cfg.knn_every > 0 and (epoch + 1) % cfg.knn_every == 0) or epoch + 1 == cfg.epochs:
-            row.update(_monitor(run.model, run.data.train, run.data.test, cfg))
+            row.update(_monitor(exported(run.model, step.params), run.data.train, run.data.test, cfg))
         run.log.append(row)
         knn_acc = run.knn_acc()
         epochs.set_postfix(
@@ -288,7 +290,7 @@ def _write_checkpoint(run: _Run, params: losses.LossParams) -> None:
         in_channels=channels,
         input_size=(h, w),
         num_classes=run.data.train.num_classes,
-        weights_sha256=save_weights(run.out / WEIGHTS, run.model),
+        weights_sha256=save_weights(run.out / WEIGHTS, exported(run.model, params)),
         device=device_name(run.dev),
         wall_s=run.elapsed,
         knn_acc=run.knn_acc(),

@@ -48,7 +48,18 @@ def build_model(
         for m in model.modules():
             if isinstance(m, DualBatchNorm):
                 m.aux.momentum = float(aux_momentum)
+    prepare = losses.OBJECTIVES.get(params.objective).prepare
+    if prepare is not None:  # before any resumed state is loaded into the model (the trainer's order)
+        prepare(model, params)
     return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+
+
+def exported(model: torch.nn.Module, params: losses.LossParams) -> ContrastiveModel:
+    """The network a checkpoint holds and the monitor reads: the objective's ``export`` (DynACL's EMA
+    network), else the trained model (unwrapped from DistributedDataParallel)."""
+    export = losses.OBJECTIVES.get(params.objective).export
+    model = getattr(model, "module", model)
+    return export(model, params) if export is not None else model  # type: ignore[return-value]
 
 
 class TrainStep:
