@@ -373,7 +373,7 @@ def test_heads():
     assert dual.train()(h).shape == (4, 128)
 
     assert set(HEADS.names()) >= {"clae", "simclr", "none"}
-    with pytest.raises(UserError, match="clae, simclr, none"):
+    with pytest.raises(UserError, match="clae, simclr, acl_mlp3_dualbn, rocl_2048_128, none"):
         create_head("nope", 32)
 
 

@@ -336,7 +336,7 @@ def test_overrides_are_typed_and_validated() -> None:
     [
         (
             {"head": "linear"},
-            "head='linear'; valid choices for the contrastive objective: clae, simclr, none",
+            "head='linear'; valid choices for the contrastive objective: clae, simclr, acl_mlp3_dualbn, rocl_2048_128, none",
         ),
         ({"head": "mlp9"}, "unknown projection head 'mlp9'"),
         ({"views": "jitter9"}, "unknown view maker 'jitter9'"),
@@ -359,7 +359,7 @@ def test_unknown_names_fail_at_resolve_with_the_valid_names(overrides: dict, fra
 
 def test_heads_are_checked_against_the_objective() -> None:
     # the supervised objective passes the class count to the head: the identity head cannot take it
-    with pytest.raises(UserError, match="valid choices for the supervised objective: clae, simclr, linear"):
+    with pytest.raises(UserError, match="valid choices for the supervised objective: clae, simclr, acl_mlp3_dualbn, rocl_2048_128, linear"):
         resolve("supervised", {"head": "none"})
     assert resolve("supervised", {"head": "clae"}).head == "clae"
     assert resolve("simclr", {"head": "none"}).head == "none"
@@ -419,13 +419,22 @@ def test_losses_modules_import_one_way() -> None:
 
     order = ["params", "estimators", "terms", "objectives", "adversarial", "presets"]
     root = Path(pkg.__file__).parent
-    assert sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__") == sorted(order)
-    for rank, name in enumerate(order):
-        tree = ast.parse((root / f"{name}.py").read_text())
-        for node in ast.walk(tree):  # lazy imports inside functions count too
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                target = (node.module or "").split(".")[0]
-                assert order.index(target) < rank, f"{name} imports {target}"
+    assert sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__") == sorted(set(order) - {"adversarial"})
+    # the adversarial subpackage: its modules import the earlier losses modules (``..name``) and, inside
+    # it, the engine or another method (``.name``); the engine imports no method
+    methods = sorted(p.stem for p in (root / "adversarial").glob("*.py") if p.stem != "__init__")
+    files = [(n, root / f"{n}.py", 1) for n in order if n != "adversarial"]
+    files += [("adversarial", root / "adversarial" / f"{m}.py", 2) for m in methods]
+    for name, path, level in files:
+        rank = order.index(name)
+        for node in ast.walk(ast.parse(path.read_text())):  # lazy imports inside functions count too
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            target = (node.module or "").split(".")[0]
+            if node.level == level:
+                assert order.index(target) < rank, f"{path.name} imports {target}"
+            elif node.level == 1:  # a sibling inside the subpackage
+                assert path.stem != "engine" and target in methods, f"{path.name} imports {target}"
 
 
 # ============ precision ============
