@@ -336,7 +336,8 @@ def test_overrides_are_typed_and_validated() -> None:
     [
         (
             {"head": "linear"},
-            "head='linear'; valid choices for the contrastive objective: clae, simclr, acl_mlp3_dualbn, rocl_2048_128, none",
+            "head='linear'; valid choices for the contrastive objective: "
+            "clae, simclr, acl_mlp3_dualbn, rocl_2048_128, none",
         ),
         ({"head": "mlp9"}, "unknown projection head 'mlp9'"),
         ({"views": "jitter9"}, "unknown view maker 'jitter9'"),
@@ -359,7 +360,8 @@ def test_unknown_names_fail_at_resolve_with_the_valid_names(overrides: dict, fra
 
 def test_heads_are_checked_against_the_objective() -> None:
     # the supervised objective passes the class count to the head: the identity head cannot take it
-    with pytest.raises(UserError, match="valid choices for the supervised objective: clae, simclr, acl_mlp3_dualbn, rocl_2048_128, linear"):
+    heads = "clae, simclr, acl_mlp3_dualbn, rocl_2048_128, linear"
+    with pytest.raises(UserError, match=f"valid choices for the supervised objective: {heads}"):
         resolve("supervised", {"head": "none"})
     assert resolve("supervised", {"head": "clae"}).head == "clae"
     assert resolve("simclr", {"head": "none"}).head == "none"
@@ -419,7 +421,8 @@ def test_losses_modules_import_one_way() -> None:
 
     order = ["params", "estimators", "terms", "objectives", "adversarial", "presets"]
     root = Path(pkg.__file__).parent
-    assert sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__") == sorted(set(order) - {"adversarial"})
+    modules = sorted(p.stem for p in root.glob("*.py") if p.stem != "__init__")
+    assert modules == sorted(set(order) - {"adversarial"})
     # the adversarial subpackage: its modules import the earlier losses modules (``..name``) and, inside
     # it, the engine or another method (``.name``); the engine imports no method
     methods = sorted(p.stem for p in (root / "adversarial").glob("*.py") if p.stem != "__init__")
