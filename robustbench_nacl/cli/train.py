@@ -18,8 +18,12 @@ _TRAIN_HELP = {
     "encoder": "encoder (see `robustbench-nacl encoders`; or timm:NAME)",
     "epochs": "training epochs",
     "batch_size": "images per batch (each gives its views)",
-    "lr": "Adam learning rate (constant: no schedule)",
-    "weight_decay": "Adam weight decay",
+    "lr": "base learning rate of --optimizer (--schedule scales it per step)",
+    "weight_decay": "weight decay of --optimizer",
+    "optimizer": "optimizer: adam (default), sgd, lars (ACL/DynACL), torchlars (RoCL), lars_solo "
+    "(solo-learn); settings with --optimizer-arg",
+    "schedule": "learning-rate schedule: constant (default), cosine (ACL/DynACL), warmup_cosine "
+    "(solo-learn), gradual_warmup_cosine (RoCL); settings with --schedule-arg, --warmup-epochs",
     "seed": "training seed (initialisation, augmentation, batch order)",
     "knn_k": "neighbours of the weighted-kNN monitor",
     "knn_t": "temperature of the weighted-kNN monitor",
@@ -37,7 +41,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..training import TrainConfig, check_settings, distributed
 
     writable_out(args.out)
-    values = config_values(TrainConfig, args, skip=_TRAIN_SPECIAL)
+    values = {**config_values(TrainConfig, args, skip=_TRAIN_SPECIAL), **_optimizer_settings(args)}
     encoder_kwargs = json_kv(args.encoder_arg)
     if args.like_zoo:
         values, encoder_kwargs = _like_zoo(args, values)
@@ -69,7 +73,26 @@ _ZOO_SETS = {
     "--lr": "lr",
     "--weight-decay": "weight_decay",
     "--max-train": "max_train",
+    "--optimizer": "optimizer",
+    "--optimizer-arg": "optimizer_arg",
+    "--schedule": "schedule",
+    "--schedule-arg": "schedule_arg",
+    "--warmup-epochs": "warmup_epochs",
 }
+
+
+def _optimizer_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``optimizer_kwargs`` and ``schedule_kwargs`` from their flags, only where given (an empty
+    mapping is TrainConfig's default, which keeps every other run's configuration as it was)."""
+    out: dict[str, Any] = {}
+    if args.optimizer_arg:
+        out["optimizer_kwargs"] = json_kv(args.optimizer_arg)
+    schedule = json_kv(args.schedule_arg)
+    if args.warmup_epochs is not None:
+        schedule["warmup_epochs"] = args.warmup_epochs
+    if schedule:
+        out["schedule_kwargs"] = schedule
+    return out
 
 
 def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,7 +100,7 @@ def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[st
     a zoo trains every entry with one recipe), so the checkpoint is trained as the reference's were.
     The loss's own parameters stay yours (``--set``); the flags it sets must be left out."""
     from .. import zoo
-    from ..zoo.entry import RECIPE_KEYS
+    from ..zoo.entry import RECIPE_KEYS, RECIPE_OPTIMIZER_KEYS
 
     given = sorted(f for f, dest in _ZOO_SETS.items() if getattr(args, dest) != args.train_defaults[dest])
     if given:
@@ -86,7 +109,7 @@ def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[st
             f"{'it' if len(given) == 1 else 'them'}, or drop --like-zoo and give every flag yourself"
         )
     entry = zoo.load_zoo(args.like_zoo)[0]
-    recipe = {k: entry.recipe[k] for k in RECIPE_KEYS if k in entry.recipe}
+    recipe = {k: entry.recipe[k] for k in (*RECIPE_KEYS, *RECIPE_OPTIMIZER_KEYS) if k in entry.recipe}
     return {**values, "dataset": entry.dataset, "encoder": entry.encoder, **recipe}, dict(
         entry.encoder_kwargs
     )
@@ -166,11 +189,29 @@ def train_args(p: argparse.ArgumentParser) -> None:
         p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices={"precision": ["fp32", "bf16"]}
     )
     p.add_argument(
+        "--optimizer-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an --optimizer setting, e.g. momentum=0.9 or eta=0.001 (`robustbench-nacl train --help`: "
+        "each optimizer's settings are in docs/decisions.md)",
+    )
+    p.add_argument(
+        "--schedule-arg", action="append", metavar="KEY=VALUE", help="a --schedule setting, e.g. min_lr=1e-6"
+    )
+    p.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--schedule's warm-up epochs (its own default: 10)",
+    )
+    p.add_argument(
         "--like-zoo",
         default=None,
         metavar="ZOO",
-        help="train with zoo ZOO's encoder, dataset and recipe (epochs, batch size, lr, weight decay, "
-        "training images), e.g. fashion-mnist for the reference of leaderboard/; your loss and --set stay",
+        help="train with zoo ZOO's encoder, dataset and recipe (epochs, batch size, optimizer, lr, "
+        "schedule, weight decay, training images), e.g. fashion-mnist for the reference of leaderboard/; "
+        "your loss and --set stay",
     )
     # what every flag defaults to: --like-zoo refuses a flag it sets that was given too
     p.set_defaults(train_defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
