@@ -115,6 +115,17 @@ def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[st
     )
 
 
+def _settings_help(registry: Any) -> str:
+    """``name (key=default, ...)`` for every registered optimizer or schedule that has settings (the
+    defaults as JSON: what ``--optimizer-arg`` / ``--schedule-arg`` parse)."""
+    parts = []
+    for name in registry.names():
+        defaults = registry.get(name).defaults
+        if defaults:
+            parts.append(f"{name} ({', '.join(f'{k}={json.dumps(v)}' for k, v in defaults.items())})")
+    return "; ".join(parts).replace("%", "%%")
+
+
 def _train_here(args: argparse.Namespace, cfg: Any) -> int:
     """Train in this process: alone, or as one rank of a torchrun / ``--nproc`` group."""
     from ..training import distributed, train
@@ -160,6 +171,7 @@ def train_args(p: argparse.ArgumentParser) -> None:
     deterministic_flag(p)
     from ..losses import PRESETS
     from ..training import TrainConfig
+    from ..training.optim import OPTIMIZERS, SCHEDULES
 
     # built after the plugins are loaded: their presets are named here too
     names = ", ".join(PRESETS.names())
@@ -192,11 +204,13 @@ def train_args(p: argparse.ArgumentParser) -> None:
         "--optimizer-arg",
         action="append",
         metavar="KEY=VALUE",
-        help="an --optimizer setting, e.g. momentum=0.9 or eta=0.001 (`robustbench-nacl train --help`: "
-        "each optimizer's settings are in docs/decisions.md)",
+        help=f"an --optimizer setting, e.g. eta=0.02; their defaults: {_settings_help(OPTIMIZERS)}",
     )
     p.add_argument(
-        "--schedule-arg", action="append", metavar="KEY=VALUE", help="a --schedule setting, e.g. min_lr=1e-6"
+        "--schedule-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"a --schedule setting, e.g. min_lr=1e-6; their defaults: {_settings_help(SCHEDULES)}",
     )
     p.add_argument(
         "--warmup-epochs",
