@@ -476,7 +476,7 @@ def test_settings_resolved_into_the_recipe() -> None:
             {"optimizer": "lars", "optimizer_kwargs": {"trust": 1}},
             "setting .trust.; valid choices: momentum, eta",
         ),
-        ({"optimizer": "sgd", "optimizer_kwargs": {"nesterov": 1}}, "must be a bool"),
+        ({"optimizer": "sgd", "optimizer_kwargs": {"nesterov": 1}}, "must be true or false"),
         ({"optimizer": "adam", "optimizer_kwargs": {"momentum": 0.9}}, "takes no settings"),
         ({"schedule": "cosine", "schedule_kwargs": {"interval": "batch"}}, "valid choices: step, epoch"),
         ({"schedule": "cosine", "schedule_kwargs": {"warmup_epochs": 10}}, "must be < --epochs 10"),

@@ -199,7 +199,8 @@ def _resolve(
         if want is float and numeric:
             value = float(value)
         elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
-            raise UserError(f"{kind} {name!r} setting {key}={value!r}: must be a {want.__name__}")
+            what = {int: "a whole number", float: "a number", bool: "true or false"}.get(want, "a string")
+            raise UserError(f"{kind} {name!r} setting {key}={value!r}: must be {what}")
         if numeric and not (math.isfinite(value) and value >= 0):
             raise UserError(f"{kind} {name!r} setting {key}={value!r}: must be a finite number >= 0")
         if key in choices and value not in choices[key]:
