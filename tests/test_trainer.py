@@ -36,7 +36,8 @@ from robustbench_nacl.training import (
     training_config,
 )
 from robustbench_nacl.training import loop as train_loop
-from robustbench_nacl.training.manifest import NOT_TRAINING
+from robustbench_nacl.training.config import RECORDED_WHEN_SET
+from robustbench_nacl.training.manifest import NOT_TRAINING, optimizer_recipe
 
 TINY = {
     "dataset": "digits:0-2",
@@ -108,8 +109,10 @@ def _check_recorded_configuration(manifest: dict[str, Any], cfg: TrainConfig) ->
     assert manifest["config"] == json.loads(json.dumps(cfg.to_dict()))
     training = manifest["training_config"]
     assert training == json.loads(json.dumps(training_config(cfg)))
-    kept = {f.name for f in dataclasses.fields(TrainConfig)} - set(NOT_TRAINING)
-    assert set(training) == kept | {"loss_params", "optimizer", "drop_last"}
+    # the fields recorded only when set (the optimizer's, the schedule's) enter as they are recorded
+    unset = set(RECORDED_WHEN_SET) - set(cfg.to_dict())
+    kept = {f.name for f in dataclasses.fields(TrainConfig)} - set(NOT_TRAINING) - unset
+    assert set(training) == kept | {"loss_params", "optimizer", "drop_last"} | set(optimizer_recipe(cfg))
     resolved = losses.resolve(cfg.loss, cfg.overrides).to_dict()
     assert manifest["loss_params"] == resolved
     if manifest.get("teacher"):  # DeACL: the recipe names its teacher by the teacher's recipe, not its path

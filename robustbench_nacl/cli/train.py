@@ -18,8 +18,12 @@ _TRAIN_HELP = {
     "encoder": "encoder (see `robustbench-nacl encoders`; or timm:NAME)",
     "epochs": "training epochs",
     "batch_size": "images per batch (each gives its views)",
-    "lr": "Adam learning rate (constant: no schedule)",
-    "weight_decay": "Adam weight decay",
+    "lr": "base learning rate of --optimizer (--schedule scales it per step)",
+    "weight_decay": "weight decay of --optimizer",
+    "optimizer": "optimizer: adam (default), sgd, lars (ACL/DynACL), torchlars (RoCL), lars_solo "
+    "(solo-learn); settings with --optimizer-arg",
+    "schedule": "learning-rate schedule: constant (default), cosine (ACL/DynACL), warmup_cosine "
+    "(solo-learn), gradual_warmup_cosine (RoCL); settings with --schedule-arg, --warmup-epochs",
     "seed": "training seed (initialisation, augmentation, batch order)",
     "knn_k": "neighbours of the weighted-kNN monitor",
     "knn_t": "temperature of the weighted-kNN monitor",
@@ -37,7 +41,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..training import TrainConfig, check_settings, distributed
 
     writable_out(args.out)
-    values = config_values(TrainConfig, args, skip=_TRAIN_SPECIAL)
+    values = {**config_values(TrainConfig, args, skip=_TRAIN_SPECIAL), **_optimizer_settings(args)}
     encoder_kwargs = json_kv(args.encoder_arg)
     if args.like_zoo:
         values, encoder_kwargs = _like_zoo(args, values)
@@ -69,7 +73,26 @@ _ZOO_SETS = {
     "--lr": "lr",
     "--weight-decay": "weight_decay",
     "--max-train": "max_train",
+    "--optimizer": "optimizer",
+    "--optimizer-arg": "optimizer_arg",
+    "--schedule": "schedule",
+    "--schedule-arg": "schedule_arg",
+    "--warmup-epochs": "warmup_epochs",
 }
+
+
+def _optimizer_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``optimizer_kwargs`` and ``schedule_kwargs`` from their flags, only where given (an empty
+    mapping is TrainConfig's default, which keeps every other run's configuration as it was)."""
+    out: dict[str, Any] = {}
+    if args.optimizer_arg:
+        out["optimizer_kwargs"] = json_kv(args.optimizer_arg)
+    schedule = json_kv(args.schedule_arg)
+    if args.warmup_epochs is not None:
+        schedule["warmup_epochs"] = args.warmup_epochs
+    if schedule:
+        out["schedule_kwargs"] = schedule
+    return out
 
 
 def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,7 +100,7 @@ def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[st
     a zoo trains every entry with one recipe), so the checkpoint is trained as the reference's were.
     The loss's own parameters stay yours (``--set``); the flags it sets must be left out."""
     from .. import zoo
-    from ..zoo.entry import RECIPE_KEYS
+    from ..zoo.entry import RECIPE_KEYS, RECIPE_OPTIMIZER_KEYS
 
     given = sorted(f for f, dest in _ZOO_SETS.items() if getattr(args, dest) != args.train_defaults[dest])
     if given:
@@ -86,10 +109,21 @@ def _like_zoo(args: argparse.Namespace, values: dict[str, Any]) -> tuple[dict[st
             f"{'it' if len(given) == 1 else 'them'}, or drop --like-zoo and give every flag yourself"
         )
     entry = zoo.load_zoo(args.like_zoo)[0]
-    recipe = {k: entry.recipe[k] for k in RECIPE_KEYS if k in entry.recipe}
+    recipe = {k: entry.recipe[k] for k in (*RECIPE_KEYS, *RECIPE_OPTIMIZER_KEYS) if k in entry.recipe}
     return {**values, "dataset": entry.dataset, "encoder": entry.encoder, **recipe}, dict(
         entry.encoder_kwargs
     )
+
+
+def _settings_help(registry: Any) -> str:
+    """``name (key=default, ...)`` for every registered optimizer or schedule that has settings (the
+    defaults as JSON: what ``--optimizer-arg`` / ``--schedule-arg`` parse)."""
+    parts = []
+    for name in registry.names():
+        defaults = registry.get(name).defaults
+        if defaults:
+            parts.append(f"{name} ({', '.join(f'{k}={json.dumps(v)}' for k, v in defaults.items())})")
+    return "; ".join(parts).replace("%", "%%")
 
 
 def _train_here(args: argparse.Namespace, cfg: Any) -> int:
@@ -137,6 +171,7 @@ def train_args(p: argparse.ArgumentParser) -> None:
     deterministic_flag(p)
     from ..losses import PRESETS
     from ..training import TrainConfig
+    from ..training.optim import OPTIMIZERS, SCHEDULES
 
     # built after the plugins are loaded: their presets are named here too
     names = ", ".join(PRESETS.names())
@@ -166,11 +201,31 @@ def train_args(p: argparse.ArgumentParser) -> None:
         p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices={"precision": ["fp32", "bf16"]}
     )
     p.add_argument(
+        "--optimizer-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"an --optimizer setting, e.g. eta=0.02; their defaults: {_settings_help(OPTIMIZERS)}",
+    )
+    p.add_argument(
+        "--schedule-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"a --schedule setting, e.g. min_lr=1e-6; their defaults: {_settings_help(SCHEDULES)}",
+    )
+    p.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--schedule's warm-up epochs (its own default: 10)",
+    )
+    p.add_argument(
         "--like-zoo",
         default=None,
         metavar="ZOO",
-        help="train with zoo ZOO's encoder, dataset and recipe (epochs, batch size, lr, weight decay, "
-        "training images), e.g. fashion-mnist for the reference of leaderboard/; your loss and --set stay",
+        help="train with zoo ZOO's encoder, dataset and recipe (epochs, batch size, optimizer, lr, "
+        "schedule, weight decay, training images), e.g. fashion-mnist for the reference of leaderboard/; "
+        "your loss and --set stay",
     )
     # what every flag defaults to: --like-zoo refuses a flag it sets that was given too
     p.set_defaults(train_defaults={a.dest: a.default for a in p._actions if a.dest != "help"})

@@ -15,6 +15,17 @@ from typing import Any
 from ..data import DatasetSpec, parse_spec
 from ..errors import UserError
 from ..models.factory import check_encoder
+from .optim import check_recipe
+
+#: fields added after runs were recorded: absent from :meth:`TrainConfig.to_dict` at these defaults
+#: (the monitor's probe off; Adam with a constant lr, the only recipe there was)
+RECORDED_WHEN_SET: dict[str, Any] = {
+    "monitor_probe": False,
+    "optimizer": "adam",
+    "optimizer_kwargs": {},
+    "schedule": "constant",
+    "schedule_kwargs": {},
+}
 
 
 @dataclass(frozen=True)
@@ -28,8 +39,13 @@ class TrainConfig:
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"width": 16}
     epochs: int = 10
     batch_size: int = 256
-    lr: float = 3e-4  # Adam 3e-4, no schedule, no weight decay (CLAE/NaCl recipe)
+    lr: float = 3e-4  # base learning rate (CLAE/NaCl recipe: Adam 3e-4, no schedule, no weight decay)
     weight_decay: float = 0.0
+    optimizer: str = "adam"  # adam | sgd | lars | torchlars | lars_solo (training.optim.OPTIMIZERS)
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"momentum": 0.9, "eta": 0.001}
+    # learning-rate schedule: constant | cosine | warmup_cosine | gradual_warmup_cosine (training.optim)
+    schedule: str = "constant"
+    schedule_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"warmup_epochs": 10}
     seed: int = 0
     fuse_views: bool = False  # one forward for all views (changes BatchNorm statistics)
     knn_every: int = 5  # kNN monitor every N epochs, at epoch 0 and after the last (0: only the last)
@@ -45,11 +61,13 @@ class TrainConfig:
     id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form; ``monitor_probe`` only when on, so that the recorded configuration of every
-        run without it (manifest ``config``, the resume checks against it) is what it always was."""
+        """JSON-ready form; the fields of :data:`RECORDED_WHEN_SET` only when not at their default, so
+        that the recorded configuration of every run without them (manifest ``config``, the resume
+        checks against it, the configuration hash) is what it always was."""
         out = dataclasses.asdict(self)
-        if not out["monitor_probe"]:
-            del out["monitor_probe"]
+        for name, default in RECORDED_WHEN_SET.items():
+            if out[name] == default:
+                del out[name]
         return out
 
     @functools.cached_property
@@ -60,7 +78,7 @@ class TrainConfig:
 
 def check_settings(cfg: TrainConfig) -> None:
     """One-line :class:`UserError` for a setting that is wrong whatever the data."""
-    # before anything is loaded or written: torch's Adam would raise a bare ValueError for a bad lr,
+    # before anything is loaded or written: torch's optimizers raise a bare ValueError for a bad lr,
     # and a NaN would pass it
     if not (math.isfinite(cfg.lr) and cfg.lr > 0):
         raise UserError(f"--lr {cfg.lr}: must be a finite number > 0")
@@ -75,6 +93,7 @@ def check_settings(cfg: TrainConfig) -> None:
     if cfg.max_train is not None and cfg.max_train < 2:
         raise UserError(f"--max-train {cfg.max_train}: must be >= 2")
     check_encoder(cfg.encoder)  # an unknown name (or timm missing) before any data is loaded
+    check_recipe(cfg.optimizer, cfg.optimizer_kwargs, cfg.schedule, cfg.schedule_kwargs, epochs=cfg.epochs)
 
 
 def check_train_size(cfg: TrainConfig, n_train: int) -> None:

@@ -3,8 +3,8 @@
 Data lives as one uint8 tensor on the device; each step draws its views with batched tensor
 augmentation from a generator derived from (seed, epoch), so an epoch's randomness does not depend
 on what happened before it and a run resumed at an epoch boundary replays exactly (bit for bit on
-CPU). Every epoch end atomically saves weights, optimizer and RNG states to ``train_state.pt``; the
-manifest is written last and marks a finished run.
+CPU). Every epoch end atomically saves weights, optimizer (and lr schedule) and RNG states to
+``train_state.pt``; the manifest is written last and marks a finished run.
 
 Under a process group (torchrun, ``--nproc``) every rank runs this same loop on the global batches
 and only the model's forward is sharded (:mod:`.distributed`); rank 0 alone shows progress,
@@ -34,7 +34,7 @@ from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
 from ..models.features import extract_features, knn_accuracy, monitor_probe_accuracy
 from ..models.heads import ContrastiveModel
 from ..utils import device_name, resolve_device, seed_everything
-from . import distributed
+from . import distributed, optim
 from .config import TrainConfig, check_settings, check_train_size
 from .distributed import World
 from .epoch_log import LOG, write_log
@@ -71,6 +71,7 @@ class _Run:
     world: World = field(default_factory=World)
     sync_bn: bool = False
     net: torch.nn.Module | None = None  # what the step calls: ``model``, or its DDP wrapper
+    schedule: optim.LrSchedule | None = None  # sets the optimizer's lr before each step (None: constant)
 
     def dist_state(self) -> dict[str, Any] | None:
         """What a resume must match besides the configuration: None for a single-process run."""
@@ -173,14 +174,25 @@ def _start(
     world: World,
     sync_bn: bool,
 ) -> _Run:
-    """The seeded model and optimizer, continued from ``train_state.pt`` when resuming (every rank
-    reads it), wrapped for DDP under a process group."""
+    """The seeded model, optimizer and lr schedule, continued from ``train_state.pt`` when resuming
+    (every rank reads it), wrapped for DDP under a process group."""
     _, channels, h, w = data.train.x.shape
     seed_everything(cfg.seed)
     model = build_model(cfg, params, channels=channels, size=(h, w), num_classes=data.train.num_classes)
     model = model.to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = optim.build_optimizer(
+        cfg.optimizer,
+        model.parameters(),
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        kwargs=cfg.optimizer_kwargs,
+    )
+    steps = len(data.train) // cfg.batch_size  # as _train_epoch draws them (drop_last)
+    schedule = optim.build_schedule(
+        cfg.schedule, cfg.schedule_kwargs, optimizer, base_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=steps
+    )
     run = _Run(cfg, out, dev, data, model, optimizer, world=world, sync_bn=sync_bn, net=model)
+    run.schedule = schedule
     if resume and (out / STATE).exists():
         state = _load_state(out / STATE)
         if state["config"] != _json_config(cfg):
@@ -188,6 +200,8 @@ def _start(
         _check_same_run(out, state.get("distributed"), run.dist_state())
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        if schedule is not None:
+            schedule.load_state_dict(state.get("schedule", {}), expected_steps=state["epoch"] * steps)
         torch.set_rng_state(state["torch_rng"])
         run.start_epoch, run.elapsed, run.log = state["epoch"], state["elapsed"], state["log"]
     distributed.check_agree(world, run.start_epoch, dev, f"epochs to resume from in {out / STATE}")
@@ -375,5 +389,7 @@ def _save_state(run: _Run, epoch: int) -> None:
     }
     if run.world.distributed:  # only then: a single-process state holds what it always did
         state["distributed"] = run.dist_state()
+    if run.schedule is not None:  # likewise: only a scheduled run has a schedule to continue
+        state["schedule"] = run.schedule.state_dict()
     with atomic_open(run.out / STATE, "wb") as f:
         torch.save(state, f)

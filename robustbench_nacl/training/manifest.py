@@ -29,6 +29,7 @@ from ..models.checkpoint import WEIGHTS, read_manifest, resolve_manifest_path
 from ..models.encoders import ENCODERS
 from ..models.timm_encoder import TIMM_PREFIX
 from ..utils import versions
+from . import optim
 from .config import TrainConfig
 
 #: TrainConfig fields left out of the training configuration: the id itself, where the data files
@@ -39,7 +40,20 @@ NOT_TRAINING = ("id", "data_root", "knn_every", "knn_k", "knn_t", "monitor_probe
 #: hex digits of ``config_sha256`` in a default checkpoint id (32 bits: a collision among a few
 #: hundred runs has a probability of about 1e-5)
 ID_HASH_CHARS = 8
-OPTIMIZER = "adam"  # Adam, no schedule (the CLAE/NaCl recipe)
+OPTIMIZER = "adam"  # Adam, no schedule (the CLAE/NaCl recipe): TrainConfig's default
+
+
+def optimizer_recipe(cfg: TrainConfig) -> dict[str, Any]:
+    """The optimizer's and schedule's resolved settings, for a run that is not Adam with a constant lr
+    (empty for one that is: its configuration, and hash, stay what they always were). Resolved, so
+    that a setting given at its default and one left out are one recipe."""
+    out: dict[str, Any] = {}
+    if cfg.optimizer != OPTIMIZER or cfg.optimizer_kwargs:
+        out["optimizer_kwargs"] = optim.optimizer_settings(cfg.optimizer, cfg.optimizer_kwargs)
+    if cfg.schedule != optim.DEFAULT_SCHEDULE or cfg.schedule_kwargs:
+        out["schedule"] = cfg.schedule
+        out["schedule_kwargs"] = optim.schedule_settings(cfg.schedule, cfg.schedule_kwargs)
+    return out
 
 
 def training_config(
@@ -56,7 +70,8 @@ def training_config(
     out["dataset"] = canonical_spec(cfg.dataset)  # digits:0,1,2 and digits:0-2 are one dataset
     # lr=1 and lr=1.0 are one setting: the JSON must not depend on the number's Python type
     out.update(lr=float(cfg.lr), weight_decay=float(cfg.weight_decay))
-    out.update(loss_params=_loss_params_identity(params), optimizer=OPTIMIZER, drop_last=True)
+    out.update(loss_params=_loss_params_identity(params), optimizer=cfg.optimizer, drop_last=True)
+    out.update(optimizer_recipe(cfg))
     used = recipe_plugins(cfg, params)
     if used:  # only when present: the configuration (and hash) of a run without plugins is unchanged
         out["plugins"] = used
@@ -211,9 +226,10 @@ def _recipe_summary(cfg: TrainConfig, params: losses.LossParams) -> dict[str, An
     return {
         "epochs": cfg.epochs,
         "batch_size": cfg.batch_size,
-        "optimizer": OPTIMIZER,
+        "optimizer": cfg.optimizer,
         "lr": cfg.lr,
         "weight_decay": cfg.weight_decay,
+        **optimizer_recipe(cfg),
         "augmentation": params.views,
         "fuse_views": cfg.fuse_views,
         "precision": cfg.precision,

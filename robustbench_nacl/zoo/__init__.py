@@ -2,8 +2,10 @@
 
 An entry names an encoder, a loss preset with its overrides, a dataset, a recipe and a seed; once
 trained, its checkpoint directory holds ``weights.safetensors`` whose sha256 ``zoo verify``
-re-checks. Two zoos ship: ``paper`` (CIFAR-100, resnet18_cifar, the NaCl recipe, every preset and
-the ablation grids, 5 seeds; for GPUs) and ``demo`` (digits, a small convnet, one entry per family).
+re-checks. The shipped zoos: ``paper`` (CIFAR-100, resnet18_cifar, the NaCl recipe, every preset and
+the ablation grids, 5 seeds; for GPUs), ``robust-ssl-cifar10`` (CIFAR-10, resnet18_cifar, the
+robust-SSL methods at their authors' recipes; for GPUs), ``fashion-mnist`` (the reference of
+leaderboard/) and ``demo`` (digits, a small convnet, one entry per family).
 
 ``entry`` holds the record, ``manifests`` the files (schema checks, load, write), ``verify`` the
 sha256 checks and ``generated`` the shipped zoos made from the presets.

@@ -10,6 +10,9 @@ from typing import Any
 from ..errors import UserError
 
 RECIPE_KEYS = {"epochs": int, "batch_size": int, "lr": float, "weight_decay": float, "max_train": int}
+#: the recipe's optimizer and lr schedule (training.optim), passed to TrainConfig as they are; every
+#: manifest names its optimizer ("adam" in the CPU zoos: TrainConfig's default, so their runs are unchanged)
+RECIPE_OPTIMIZER_KEYS = {"optimizer": str, "optimizer_kwargs": dict, "schedule": str, "schedule_kwargs": dict}
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class ZooEntry:
             data_root=data_root,
             id=self.id,
             **{k: self.recipe[k] for k in RECIPE_KEYS if k in self.recipe},
+            **{k: self.recipe[k] for k in RECIPE_OPTIMIZER_KEYS if k in self.recipe},
             **extra,
         )
 

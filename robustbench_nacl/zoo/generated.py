@@ -1,5 +1,5 @@
-"""The shipped zoos (demo, fashion-mnist, paper), generated from the package's loss presets, and
-``zoo regenerate``, which rewrites their manifests."""
+"""The shipped zoos (demo, fashion-mnist, paper, robust-ssl-cifar10), generated from the package's
+loss presets, and ``zoo regenerate``, which rewrites their manifests."""
 
 from __future__ import annotations
 
@@ -197,6 +197,103 @@ def demo_zoo() -> list[ZooEntry]:
     return _one_per_family("demo", "digits:0-4", DEMO_RECIPE, DEMO_EVAL, (0,), tag_m=False)
 
 
+#: The robust-SSL methods' pretraining as their authors run it on CIFAR-10 (ResNet-18): epochs, batch,
+#: optimizer, lr, weight decay and lr schedule of each one's public code (files, commits and what
+#: differs: the zoo's README and docs/decisions.md, 'Optimizers and learning-rate schedules'). For GPUs.
+ACL_RECIPE: dict[str, Any] = {
+    "epochs": 1000,
+    "batch_size": 512,
+    "optimizer": "lars",  # VITA-Group optimizer/lars.py: LARS(model.parameters(), lr=5.0, weight_decay=1e-6)
+    "optimizer_kwargs": {"momentum": 0.9, "eta": 0.001},
+    "lr": 5.0,
+    "weight_decay": 1e-6,
+    "schedule": "cosine",  # LambdaLR(cosine_annealing), 10 warm-up epochs, to 1e-6, per iteration
+    "schedule_kwargs": {"warmup_epochs": 10, "min_lr": 1e-6, "interval": "step", "variant": "acl"},
+}
+#: DynACL (train_DynACL.py): ACL's optimizer; its scheduler steps once per epoch
+DYNACL_RECIPE: dict[str, Any] = {
+    **ACL_RECIPE,
+    "schedule_kwargs": {"warmup_epochs": 10, "min_lr": 1e-6, "interval": "epoch", "variant": "dynacl"},
+}
+#: RoCL (README command, src/argument.py, src/rocl_train.py): 2 GPUs x 256 with SyncBatchNorm, torchlars
+#: over SGD(lr 0.1, momentum 0.9, weight decay 1e-6), GradualWarmupScheduler(x15, 10 epochs) + cosine
+ROCL_RECIPE: dict[str, Any] = {
+    "epochs": 1000,
+    "batch_size": 512,
+    "optimizer": "torchlars",
+    "optimizer_kwargs": {"momentum": 0.9, "eta": 0.001, "eps": 1e-8},
+    "lr": 0.1,
+    "weight_decay": 1e-6,
+    "schedule": "gradual_warmup_cosine",
+    "schedule_kwargs": {"warmup_epochs": 10, "multiplier": 15.0},
+}
+#: solo-learn's CIFAR SimCLR (bash_files/pretrain/cifar/simclr.sh), whose published checkpoint DeACL
+#: distils: LARS (eta 0.02, clipped, biases and norms excluded), lr 0.4 x 256/256, temperature 0.2
+SIMCLR_SOLO_RECIPE: dict[str, Any] = {
+    "epochs": 1000,
+    "batch_size": 256,
+    "optimizer": "lars_solo",
+    "optimizer_kwargs": {
+        "momentum": 0.9,
+        "eta": 0.02,
+        "eps": 1e-8,
+        "clip": True,
+        "exclude_bias_n_norm": True,
+    },
+    "lr": 0.4,
+    "weight_decay": 1e-5,
+    "schedule": "warmup_cosine",
+    "schedule_kwargs": {"warmup_epochs": 10, "warmup_start_lr": 0.003, "min_lr": 0.0},
+}
+#: DeACL stage 2 (bash_files/DeACL_cifar10_resnet18.sh on solo-learn): SGD lr 0.5 x 256/256, weight
+#: decay 5e-4, warmup_cosine with solo-learn's defaults, 100 epochs
+DEACL_RECIPE: dict[str, Any] = {
+    "epochs": 100,
+    "batch_size": 256,
+    "optimizer": "sgd",
+    "optimizer_kwargs": {"momentum": 0.9, "nesterov": False},
+    "lr": 0.5,
+    "weight_decay": 5e-4,
+    "schedule": "warmup_cosine",
+    "schedule_kwargs": {"warmup_epochs": 10, "warmup_start_lr": 0.003, "min_lr": 0.0},
+}
+#: preset -> (recipe, loss overrides, what the description adds)
+ROBUST_SSL_RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "simclr": (SIMCLR_SOLO_RECIPE, {"t": 0.2}, "DeACL's teacher: solo-learn's CIFAR SimCLR recipe"),
+    "acl": (ACL_RECIPE, {}, "ACL's recipe: LARS lr 5, cosine per iteration"),
+    "rocl": (ROCL_RECIPE, {}, "RoCL's recipe: torchlars lr 0.1 x 15, gradual warm-up + cosine"),
+    "dynacl": (DYNACL_RECIPE, {}, "DynACL's recipe: LARS lr 5, cosine per epoch"),
+    "deacl": (DEACL_RECIPE, {}, "DeACL's recipe: SGD lr 0.5, warm-up cosine, 100 epochs"),
+}
+ROBUST_SSL_EVAL = {"transfer": None, "shift": None, "suite": "robust-ssl", "n_examples": None}
+
+
+def robust_ssl_cifar10_zoo(seeds: tuple[int, ...] = (0,)) -> list[ZooEntry]:
+    """CIFAR-10, resnet18_cifar: ACL, RoCL, DynACL and DeACL (with its SimCLR teacher) at their
+    authors' pretraining recipes (:data:`ROBUST_SSL_RECIPES`), seed 0; meant for GPUs."""
+    from ..losses import PRESETS
+
+    out = []
+    for loss, (recipe, overrides, note) in ROBUST_SSL_RECIPES.items():
+        for s in seeds:
+            out.append(
+                ZooEntry(
+                    id=expected_id("resnet18_cifar", loss, "cifar10", s),
+                    zoo="robust-ssl-cifar10",
+                    encoder="resnet18_cifar",
+                    loss=loss,
+                    dataset="cifar10",
+                    seed=s,
+                    recipe=json.loads(json.dumps(recipe)),  # a deep copy: entries share no dicts
+                    overrides=dict(overrides),
+                    eval=dict(ROBUST_SSL_EVAL),
+                    description=f"{PRESETS.get(loss).description} [{note}]",
+                    teacher=teacher_of(loss, "resnet18_cifar", "cifar10", s),
+                )
+            )
+    return out
+
+
 def training_fields(entry: ZooEntry) -> dict[str, Any]:
     """What decides an entry's weights: its manifest without the evaluation, description and pin."""
     return {k: v for k, v in entry.to_dict().items() if k not in ("eval", "description", "weights_sha256")}
@@ -218,7 +315,12 @@ def keep_pin(entry: ZooEntry, manifest: Path) -> ZooEntry:
 
 
 #: The zoos whose manifests are generated from the package's presets (``zoo regenerate`` writes them).
-GENERATED_ZOOS = {"demo": demo_zoo, "fashion-mnist": fashion_mnist_zoo, "paper": paper_zoo}
+GENERATED_ZOOS = {
+    "demo": demo_zoo,
+    "fashion-mnist": fashion_mnist_zoo,
+    "paper": paper_zoo,
+    "robust-ssl-cifar10": robust_ssl_cifar10_zoo,
+}
 
 
 def regenerate(name: str | None = None, root: str | Path | None = None) -> dict[str, tuple[int, int]]:

@@ -13,7 +13,7 @@ from ..errors import UserError, one_line
 from ..io import write_json_atomic
 from ..packaged import zoo_dir
 from ..registry import unknown_choice
-from .entry import RECIPE_KEYS, ZooEntry
+from .entry import RECIPE_KEYS, RECIPE_OPTIMIZER_KEYS, ZooEntry
 
 ZOO_ENV = "ROBUSTBENCH_NACL_ZOO"
 REPO_ZOO = zoo_dir()  # the package's files/zoo (the repository's top-level zoo/ links to it)
@@ -93,6 +93,8 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
     for k, v in data["recipe"].items():
         if k in RECIPE_KEYS and (not isinstance(v, int | float) or isinstance(v, bool)):
             raise bad(f"recipe.{k} must be a number")
+        if k in RECIPE_OPTIMIZER_KEYS and not isinstance(v, RECIPE_OPTIMIZER_KEYS[k]):
+            raise bad(f"recipe.{k} must be a {RECIPE_OPTIMIZER_KEYS[k].__name__}")
     # the training monitor (learning curves): logged, never part of the weights or their ids
     every = data["recipe"].get("monitor_every")
     if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
@@ -121,6 +123,7 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         check_encoder(data["encoder"])  # a registered (or plugin) encoder, or timm:NAME
         params = resolve(data["loss"], dict(data.get("overrides", {})))
         parse_spec(data["dataset"])
+        _check_optimizer(data["recipe"])
     except UserError as e:
         raise bad(str(e)) from None
     except (TypeError, ValueError) as e:
@@ -128,6 +131,20 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         raise bad(f"overrides hold a value of the wrong type for its parameter ({one_line(e)})") from None
     _check_teacher_field(data, "teacher" in params.extra_params(), bad)
     return ZooEntry(**data)
+
+
+def _check_optimizer(recipe: dict[str, Any]) -> None:
+    """The recipe's optimizer and schedule: registered names, known settings of the right types."""
+    from ..training.config import TrainConfig
+    from ..training.optim import DEFAULT_OPTIMIZER, DEFAULT_SCHEDULE, check_recipe
+
+    check_recipe(
+        recipe.get("optimizer", DEFAULT_OPTIMIZER),
+        recipe.get("optimizer_kwargs", {}),
+        recipe.get("schedule", DEFAULT_SCHEDULE),
+        recipe.get("schedule_kwargs", {}),
+        epochs=recipe.get("epochs", TrainConfig.epochs),
+    )
 
 
 def _check_eval_fields(ev: dict[str, Any], bad: Any) -> None:
