@@ -32,6 +32,7 @@ from .info import (
     run_losses,
     run_models,
 )
+from .post import post_args, run_post
 from .train import run_train, train_args
 from .zoo import run_zoo, zoo_args
 
@@ -55,6 +56,11 @@ COMMANDS: dict[str, Command] = {
     "encoders": Command(encoders_args, run_encoders, "list the encoder architectures"),
     "datasets": Command(datasets_args, run_datasets, "list the datasets and how to get each"),
     "train": Command(train_args, run_train, "train one encoder with one loss preset"),
+    "post": Command(
+        post_args,
+        run_post,
+        "post-process a pretrained checkpoint (DynACL++ / AIR++: pseudo-labels, LP, adversarial finetuning)",
+    ),
     "eval": Command(
         eval_args, run_eval, "probe and attack an encoder checkpoint; writes content-addressed result rows"
     ),
