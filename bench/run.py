@@ -30,6 +30,7 @@ FIGURES = {
     "gpu_epoch": "gpu_epoch",
     "adv_step_cost": "adv_step_cost",
     "finetune_cost": "finetune_cost",
+    "post_cost": "post_cost",
 }
 
 

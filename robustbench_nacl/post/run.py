@@ -65,7 +65,9 @@ def post_process(
             "branch and trains the adversarial one (post-process an acl, dynacl or dynacl_air checkpoint)"
         )
     spec = canonical_spec(dataset or parent.get("dataset") or "")
-    train = _parent_data(load_dataset(spec, "train", root=data_root), parent)
+    train = load_dataset(spec, "train", root=data_root)
+    if dataset is None:  # the parent's own training images
+        train = _parent_data(train, parent)
     seed = int(parent.get("seed") or 0)
     k = cfg.clusters or train.num_classes
     training = _training_config(parent, cfg, spec, k, train.num_classes)
@@ -76,10 +78,8 @@ def post_process(
     encoder = encoder.to(dev)
     t0 = time.perf_counter()
     labels, cluster_info = _pseudo_labels(encoder, train, cfg, k, seed, out / STATE_DIR)
-    t1 = time.perf_counter()
-    model = _train(encoder, train, labels, cfg, k, seed, out / STATE_DIR, progress)
-    t2 = time.perf_counter()
-    walls = {"pseudo_labels": t1 - t0, "lp_aft": t2 - t1}
+    walls = {"pseudo_labels": time.perf_counter() - t0}
+    model = _train(encoder, train, labels, cfg, k, seed, out / STATE_DIR, progress, walls)
     info = cluster_info | {"wall_s": walls}
     _export(out, model[0], parent, parent_path, cfg, training, (spec, data_root), dev, info)
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)
@@ -153,9 +153,10 @@ def _pseudo_labels(
 
 def _train(
     encoder: nn.Module, train: ImageData, labels: torch.Tensor, cfg: PostRecipe, k: int, seed: int,
-    state: Path, progress: bool,
+    state: Path, progress: bool, walls: dict[str, float],
 ) -> nn.Sequential:  # fmt: skip
-    """LP then AFT on the pseudo-labels; returns (encoder, head) finetuned, eval mode, frozen."""
+    """LP then AFT on the pseudo-labels; returns (encoder, head) finetuned, eval mode, frozen.
+    ``walls`` gets each stage's seconds (this process's: a resumed stage counts what it ran)."""
     for m in encoder.modules():
         if isinstance(m, DualBatchNorm):  # the authors' BatchNorms: torch's default momentum in both branches
             m.main.momentum = m.aux.momentum = cfg.bn_momentum
@@ -165,6 +166,7 @@ def _train(
     with torch.no_grad():
         dim = int(encoder(train.x[:1].to(device).float().div(255)).shape[1])
     head = zero_head(dim, max(k, train.num_classes), device)
+    t0 = time.perf_counter()
     run_stage(
         lp_stage(cfg, head, state / "lp.pt"),
         train.x,
@@ -174,6 +176,7 @@ def _train(
         seed=seed,
         progress=progress,
     )
+    t1 = time.perf_counter()
     model = nn.Sequential(encoder, head).requires_grad_(True)
     run_stage(
         aft_stage(cfg, model, state / "aft.pt"),
@@ -184,6 +187,7 @@ def _train(
         seed=seed,
         progress=progress,
     )
+    walls.update(lp=t1 - t0, aft=time.perf_counter() - t1)
     return model.eval().requires_grad_(False)
 
 
