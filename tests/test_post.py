@@ -284,6 +284,8 @@ def test_the_command_runs_and_refuses_bad_input_in_one_line(
         ["post", str(parent), "--recipe", "air++", "--out", str(out), "--device", "cpu", *sets], capsys
     )
     assert rc == 0 and "nothing to do" in stdout
+    rc, _, err = cli(["post", str(parent), "--out", str(out), "--device", "cpu", *sets], capsys)
+    one_line_error(rc, err, "holds another checkpoint", command="post")  # never overwritten
     simclr = _train("simclr", tmp_path / "simclr")
     rc, _, err = cli(["post", str(simclr), "--out", str(tmp_path / "x")], capsys)
     one_line_error(rc, err, "no dual BatchNorm", command="post")

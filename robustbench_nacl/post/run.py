@@ -20,7 +20,14 @@ from ..data import ImageData, canonical_spec, load_dataset
 from ..errors import UserError
 from ..eval.benchmark import derive_seed
 from ..io import sha256_bytes, write_bytes_atomic
-from ..models.checkpoint import WEIGHTS, read_manifest, resolve_manifest_path, save_weights, write_manifest
+from ..models.checkpoint import (
+    MANIFEST,
+    WEIGHTS,
+    read_manifest,
+    resolve_manifest_path,
+    save_weights,
+    write_manifest,
+)
 from ..models.dual_bn import DualBatchNorm, has_dual_bn, set_bn_route
 from ..models.features import extract_features, knn_accuracy
 from ..models.foreign import load_encoder
@@ -75,6 +82,7 @@ def post_process(
     if done is not None:
         print(f"{out} already holds this post-processing ({done}); nothing to do")
         return out
+    _own_state(out / STATE_DIR, config_sha256(training))
     encoder = encoder.to(dev)
     t0 = time.perf_counter()
     labels, cluster_info = _pseudo_labels(encoder, train, cfg, k, seed, out / STATE_DIR)
@@ -117,12 +125,23 @@ def _training_config(
 
 
 def _finished(out: Path, training: dict[str, Any]) -> str | None:
-    """The id of a finished post-processing of the same configuration in ``out``, else None."""
-    try:
-        m = read_manifest(out)
-    except UserError:
+    """The id of a finished post-processing of the same configuration in ``out``, else None; a
+    one-line error if ``out`` holds another checkpoint (it is never overwritten)."""
+    if not (out / MANIFEST).is_file():
         return None
-    return str(m.get("id")) if m.get("config_sha256") == config_sha256(training) else None
+    m = read_manifest(out)
+    if m.get("config_sha256") != config_sha256(training):
+        raise UserError(f"{out} holds another checkpoint ({m.get('id')}); choose another --out")
+    return str(m.get("id"))
+
+
+def _own_state(state: Path, sha: str) -> None:
+    """Keep the resume states only if they were saved by this configuration (else start afresh)."""
+    tag = state / "config_sha256"
+    if state.is_dir() and (not tag.is_file() or tag.read_text().strip() != sha):
+        shutil.rmtree(state)
+    state.mkdir(parents=True, exist_ok=True)
+    tag.write_text(sha + "\n")
 
 
 def _pseudo_labels(
