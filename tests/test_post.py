@@ -1,4 +1,4 @@
-"""The "++" post-processing (robustbench_nacl/post/): the pseudo-label assignment on digits against a
+"""The ++ post-processing (robustbench_nacl/post/): the pseudo-label assignment on digits against a
 direct computation, the BatchNorm branches each part uses, the frozen linear probe, the TRADES start
 of each recipe, the exported checkpoint (load, eval, recipe), resume after a kill, the CLI."""
 

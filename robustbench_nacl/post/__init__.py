@@ -1,8 +1,8 @@
-"""The "++" post-processing of a pretrained robust encoder (DynACL++, DynACL-AIR++): pseudo-labels
+"""The ++ post-processing of a pretrained robust encoder (DynACL++, DynACL-AIR++): pseudo-labels
 by k-means on its features (:mod:`.pseudo_labels`), linear probing and adversarial finetuning on
 them (:mod:`.lpaft`), a new checkpoint (:mod:`.run`); the recipes are :mod:`.recipes`.
 
-``robustbench-nacl post CKPT --recipe dynacl++ --out DIR``; docs/decisions.md, 'The "++"
+``robustbench-nacl post CKPT --recipe dynacl++ --out DIR``; docs/decisions.md, 'The ++
 post-processing', gives the authors' files and our readings.
 """
 

@@ -1,6 +1,6 @@
-"""The "++" post-processing recipes (:data:`POST_RECIPES`): pseudo-labels by k-means on the
+"""The ++ post-processing recipes (:data:`POST_RECIPES`): pseudo-labels by k-means on the
 pretrained encoder's features, a linear probe on them (LP), then adversarial finetuning of the whole
-model on them (AFT), as DynACL's and AIR's authors run it (docs/decisions.md, 'The "++"
+model on them (AFT), as DynACL's and AIR's authors run it (docs/decisions.md, 'The ++
 post-processing').
 
 Every setting is a field of :class:`PostRecipe`; ``--set key=value`` overrides one, and the
