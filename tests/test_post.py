@@ -291,6 +291,14 @@ def test_the_command_runs_and_refuses_bad_input_in_one_line(
     one_line_error(rc, err, "no dual BatchNorm", command="post")
     rc, _, err = cli(["post", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")], capsys)
     one_line_error(rc, err, "written by `train`", command="post")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"conv1.weight": torch.zeros(8, 1, 3, 3)}, foreign)
+    rc, _, err = cli(["post", str(foreign), "--out", str(tmp_path / "y")], capsys)
+    one_line_error(rc, err, "not a foreign weights file", command="post")
+    rc, stdout, err = cli(
+        ["post", str(parent / "weights.safetensors"), "--recipe", "air++", "--out", str(out), *sets], capsys
+    )
+    assert rc == 0 and "nothing to do" in stdout, err  # the weights file of a train directory will do
     rc, _, err = cli(["post", str(parent), "--recipe", "dynacl+", "--out", str(tmp_path / "z")], capsys)
     one_line_error(rc, err, "did you mean 'dynacl++'", command="post")
     rc, _, err = cli(

@@ -31,6 +31,7 @@ from ..models.checkpoint import (
 from ..models.dual_bn import DualBatchNorm, has_dual_bn, set_bn_route
 from ..models.features import extract_features, knn_accuracy
 from ..models.foreign import load_encoder
+from ..models.foreign.ours import sibling_manifest
 from ..training.manifest import ID_HASH_CHARS, config_sha256, recipe_sha256
 from ..utils import device_name, resolve_device, versions
 from .lpaft import aft_stage, aft_step, lp_stage, lp_step, run_stage, zero_head
@@ -103,7 +104,14 @@ def _parent_data(train: ImageData, parent: dict[str, Any]) -> ImageData:
 
 
 def _parent_manifest(checkpoint: str | Path) -> Path:
+    """The parent's manifest: of a directory, of its manifest.json, or beside its weights file."""
+    p = Path(checkpoint)
     try:
+        if p.is_file() and p.name != MANIFEST:
+            sibling = sibling_manifest(p)
+            if sibling is None:
+                raise UserError(str(p))
+            return sibling
         return resolve_manifest_path(checkpoint)
     except UserError:
         raise UserError(
