@@ -204,6 +204,7 @@ def test_the_authors_single_bn_trades_starts_at_x_and_air_starts_at_x_plus_noise
     (g,) = torch.autograd.grad(kl, x0)
     assert abs(float(kl.detach())) < 1e-4 and float(g.abs().max()) < 1e-6
     moved = lpaft.trades_attack(model, x, p_nat, dyn, gen)
+    assert not torch.equal(moved, x)  # not the "x_adv stays x" of exact arithmetic
     assert torch.equal(
         moved,
         torch.clamp(x + dyn.step_size * g.sign(), (x - dyn.eps).clamp(min=0), (x + dyn.eps).clamp(max=1)),

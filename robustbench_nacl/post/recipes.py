@@ -85,6 +85,9 @@ class PostRecipe:
             if getattr(self, k) not in ROUTES:
                 raise UserError(f"post recipe {self.name}: {k} {getattr(self, k)!r}: one of {ROUTES}")
         self.milestones()
+        from ..augment.views import VIEW_MAKERS
+
+        VIEW_MAKERS.get(self.augment)  # an unknown view maker: one line now, not after the k-means
 
     def milestones(self) -> list[int]:
         """AFT's lr milestones as sorted epochs."""
