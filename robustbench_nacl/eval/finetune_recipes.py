@@ -103,7 +103,7 @@ ROBUSTSSL: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
 #: our loss families -> the benchmark's ``--pretraining`` name; any other family takes "other"
 LOSS_TO_METHOD = {"acl": "ACL", "dynacl": "DynACL", "deacl": "DeACL"}
 _BASE = {"epochs": 25, "momentum": 0.9, "weight_decay": 2e-4, "gamma": 0.1, "head_init": "zeros"}
-_ADV = {"eps": 8 / 255, "step_size": 2 / 255, "steps": 10}
+_ADV = {"eps": 8 / 255, "step_size": 2 / 255, "steps": 10, "beta": 6.0}  # beta: AFF only
 _CONFIGS: dict[str, type] = {"slf": SlfConfig, "alf": AlfConfig, "aff": AffConfig}
 
 
