@@ -352,10 +352,11 @@ def fit_protocol(
 ) -> tuple[ProbedClassifier, ProbeResult, dict[str, Any]]:
     """Run a finetuning protocol for ``evaluate``: (attacked classifier, clean metrics, row fields).
 
+    ``cfg``: ALF, AFF, or a named recipe's SLF (the uniform recipe's SLF is the probe, not this).
     ``encoder`` is the evaluation's private copy. The probe's ``seed`` and ``max_train`` apply (head
-    initialisation, training subset; ``cfg.max_train``, when set, instead); its epochs/lr are SLF's
-    and unused here. AFF's weights are
-    written content-addressed under ``out/finetuned/`` and their sha256 is a row field.
+    initialisation, training subset; ``cfg.max_train``, when set, instead); its epochs/lr are the
+    cached probe's and unused here. AFF's weights are written content-addressed under
+    ``out/finetuned/`` and their sha256 is a row field.
     """
     seed = 0 if probe.seed is None else probe.seed
     n = cfg.max_train if cfg.max_train is not None else probe.max_train
