@@ -26,7 +26,7 @@ from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.models.dual_bn import convert_to_dual_bn, set_bn_route
 from robustbench_nacl.report.leaderboard import render_leaderboard
 from robustbench_nacl.results.finetune import AffConfig, AlfConfig, SlfConfig
-from robustbench_nacl.results.rows import protocol_name
+from robustbench_nacl.results.rows import protocol_name, row_id
 
 SUITE = {
     "name": "ft-test",
@@ -299,13 +299,15 @@ def test_recipes_never_share_a_protocol_and_get_their_own_tables(tmp_path) -> No
     )
     # planned without the checkpoint = written (the encoder's dual BN named)
     planned = planned_identities(finetune_recipe="robustssl:DynACL", dual_bn=True, **kw2)
-    assert len(planned) == len(bench)
+    sha = bench[0]["checkpoint_sha256"]
+    assert sorted(row_id({**i, "checkpoint_sha256": sha}) for i in planned) == sorted(r.row_id for r in bench)
     page = render_leaderboard([*uniform, *bench], tmp_path / "board")["LEADERBOARD.md"].read_text()
     side = page.split("## Finetuning protocols side by side", 1)[1]
     assert (
         "### in-domain · digits:0-4\n" in side
         and "### in-domain · digits:0-4 · finetune recipe robustssl" in side
     )
+    assert "— protocol SLF (recipe robustssl/DynACL/cifar10, augment crop-flip" in page  # its own ranking
 
 
 def test_default_identities_keep_their_ids_and_dual_bn_rows_change() -> None:

@@ -23,8 +23,8 @@ from .metrics import metric_key, metric_label, metric_name
 
 FIGURE = "robust_by_protocol.png"
 DEFAULTS = {"alf": AlfConfig, "aff": AffConfig}
-# (setting, dataset, protocol context without the finetuning protocol, finetuning recipe)
-Group = tuple[str, str, str, str]
+# (setting, dataset, protocol context without the finetuning protocol; a named recipe is part of it)
+Group = tuple[str, str, str]
 
 
 def protocol_of(e: Entry) -> str:
@@ -74,12 +74,14 @@ def has_protocols(ctx: Context) -> bool:
 
 
 def groups(ctx: Context) -> dict[Group, dict[str, dict[str, Entry]]]:
-    """(setting, dataset, context, finetuning recipe) -> recipe id -> column -> entry, for groups of
-    >1 protocol: a named finetuning recipe's entries get tables of their own."""
+    """(setting, dataset, context) -> recipe id -> column -> entry, for groups of >1 protocol: a
+    named finetuning recipe's entries get groups (tables) of their own."""
     out: dict[Group, dict[str, dict[str, Entry]]] = defaultdict(lambda: defaultdict(dict))
     for e in ctx.entries:
         rest = {k: v for k, v in e.protocol.items() if k not in ("dataset", "setting", "finetune")}
-        out[(e.setting, e.dataset, _short_hash(rest), recipe_name(e))][e.recipe.recipe_id][column_of(e)] = e
+        if recipe_name(e) != "uniform":  # the uniform recipe's groups keep their keys
+            rest["finetune_recipe"] = recipe_name(e)
+        out[(e.setting, e.dataset, _short_hash(rest))][e.recipe.recipe_id][column_of(e)] = e
     return {g: dict(by) for g, by in out.items() if len({p for v in by.values() for p in v}) > 1}
 
 
@@ -118,7 +120,8 @@ def markdown_section(ctx: Context) -> list[str]:
         "Accuracies in %, 95 % intervals; each protocol is ranked in its own table above.",
         "",
     ]
-    for (setting, dataset, _, recipe), by in groups(ctx).items():
+    for (setting, dataset, _), by in groups(ctx).items():
+        recipe = _recipe_name(by)
         protos = sorted({c for v in by.values() for c in v}, key=_order)
         chosen = robust_metric((e for v in by.values() for e in v.values()), ctx.headline_eps)
         if chosen is None:
@@ -166,7 +169,8 @@ def draw(ctx: Context) -> Any:
     if not has_protocols(ctx):
         return None
     panels = []
-    for (setting, dataset, _, recipe), by in groups(ctx).items():
+    for (setting, dataset, _), by in groups(ctx).items():
+        recipe = _recipe_name(by)
         chosen = robust_metric((e for v in by.values() for e in v.values()), ctx.headline_eps)
         if chosen is not None:
             title = dataset if recipe == "uniform" else f"{dataset} · {recipe}"
@@ -192,6 +196,11 @@ def draw(ctx: Context) -> Any:
     handles.append(Line2D([], [], color="black", lw=0.8, label="95 % interval"))
     fig.legend(handles=handles, loc="lower left", ncol=LEGEND_COLS, fontsize=8, frameon=False)
     return fig
+
+
+def _recipe_name(by: dict[str, dict[str, Entry]]) -> str:
+    """The finetuning recipe of a group's entries (one per group: it is part of the group's key)."""
+    return recipe_name(next(iter(next(iter(by.values())).values())))
 
 
 def _recipe(by_column: dict[str, Entry]) -> Any:
