@@ -66,12 +66,12 @@ class FinetuneRecipe:
 
 def _uniform(protocol: str, t: RecipeTarget) -> FinetuneConfig | None:
     """Today's protocol: the probe for SLF, the given settings for ALF / AFF (dual-BN resolved)."""
-    table: dict[str, FinetuneConfig | None] = {
-        "slf": None,
-        "alf": t.alf,
-        "aff": resolve_dual_bn(t.aff, t.dual_bn),
+    table: dict[str, Callable[[], FinetuneConfig | None]] = {
+        "slf": lambda: None,
+        "alf": lambda: t.alf,
+        "aff": lambda: resolve_dual_bn(t.aff, t.dual_bn),
     }
-    return table[protocol]
+    return table[protocol]()
 
 
 # ---- RobustSSL_Benchmark, Finetuning_Methods/Vanilla_Finetuning/utils.py, setup_hyperparameter ----
