@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -26,7 +27,7 @@ from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.models.dual_bn import convert_to_dual_bn, set_bn_route
 from robustbench_nacl.report.leaderboard import render_leaderboard
 from robustbench_nacl.results.finetune import AffConfig, AlfConfig, SlfConfig
-from robustbench_nacl.results.rows import protocol_name, row_id
+from robustbench_nacl.results.rows import ResultRow, protocol_name, row_id
 
 SUITE = {
     "name": "ft-test",
@@ -336,3 +337,39 @@ def test_default_identities_keep_their_ids_and_dual_bn_rows_change() -> None:
 def test_cli_recipe_errors_are_one_line_exit_2(args, fragment, capsys, tmp_path) -> None:
     rc, _, err = cli(["eval", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), *args], capsys)
     one_line_error(rc, err, fragment, command="eval")
+
+
+def test_cli_evaluates_an_acl_checkpoint_with_the_benchmarks_recipe(tmp_path, capsys) -> None:
+    run, out = tmp_path / "acl", tmp_path / "board"
+    train = ["train", "--loss", "acl", "--dataset", "digits:0-4", "--epochs", "1", "--max-train", "64"]
+    rc, _, err = cli(
+        [*train, "--batch-size", "32", "--encoder-arg", "width=4", "--out", str(run), "--no-progress"], capsys
+    )
+    assert rc == 0, err
+    ev = [
+        "eval",
+        str(run),
+        "--suite",
+        "quick",
+        "--n-examples",
+        "10",
+        "--probe-max-train",
+        "24",
+        "--out",
+        str(out),
+    ]
+    extra = [
+        "--protocol",
+        "slf,aff",
+        "--aff-max-train",
+        "16",
+        "--finetune-recipe",
+        "robustssl",
+        "--no-progress",
+    ]
+    rc, _, err = cli([*ev, *extra], capsys)
+    assert rc == 0, err
+    rows = [ResultRow.from_json(json.loads(p.read_text())) for p in (out / "rows").glob("*.json")]
+    by = {protocol_name(r): r["finetune"] for r in rows}
+    assert by["slf"]["recipe"] == {"name": "robustssl", "method": "ACL", "dataset": "cifar10"}
+    assert (by["aff"]["epochs"], by["aff"]["milestones"], by["aff"]["dual_bn"]) == (100, "40,60", "on")
