@@ -233,12 +233,27 @@ def row_key(identity: dict[str, Any]) -> str:
     return row_id({**identity, "checkpoint_sha256": None})
 
 
-def row_keys(entry: ZooEntry) -> frozenset[str]:
+def row_keys(entry: ZooEntry, control: bool = False) -> frozenset[str]:
     """The keys (:func:`row_key`) of every row a complete evaluation of ``entry`` (or of its control,
-    which has the same protocol) writes, from the identity function ``evaluate`` itself uses."""
+    which has the same protocol) writes, from the identity function ``evaluate`` itself uses. The
+    entry's own rows also depend on its loss family and dual BatchNorm (AFF on a dual-BN encoder is
+    dual-BN TRADES, a different identity); the control is a plain single-BN network."""
     from .eval.evaluate import planned_identities
 
-    return frozenset(row_key(i) for i in planned_identities(entry.dataset, **eval_arguments(entry)))
+    facts = {} if control else _checkpoint_facts(entry)
+    return frozenset(row_key(i) for i in planned_identities(entry.dataset, **eval_arguments(entry), **facts))
+
+
+def _checkpoint_facts(entry: ZooEntry) -> dict[str, Any]:
+    """What the rows' identities need of the entry's checkpoint: its loss family and whether it has
+    dual BatchNorm (as training.manifest decides: an adversarial objective with ``dual_bn``)."""
+    from .losses import needs, resolve
+
+    try:
+        params = resolve(entry.loss, dict(entry.overrides))
+    except UserError:  # a plugin loss not loaded here: its rows are planned as single-BN
+        return {"loss": entry.loss}
+    return {"loss": entry.loss, "dual_bn": bool(needs(params).adversarial and params.dual_bn)}
 
 
 def expected_rows(entry: ZooEntry) -> int:
@@ -262,7 +277,7 @@ def rows_done(out: str | Path) -> dict[str, set[str]]:
 def is_complete(entry: ZooEntry, done: dict[str, set[str]], control: bool = False) -> bool:
     """Whether every row the entry's manifest asks for (of the entry, or of its control) is in ``done``:
     rows of another protocol (n_examples, suite, probe, ...) do not count."""
-    return row_keys(entry) <= done.get(control_id(entry) if control else entry.id, set())
+    return row_keys(entry, control) <= done.get(control_id(entry) if control else entry.id, set())
 
 
 def superseded_rows(entries: Iterable[ZooEntry], out: str | Path, controls: bool = True) -> list[Path]:
@@ -274,7 +289,7 @@ def superseded_rows(entries: Iterable[ZooEntry], out: str | Path, controls: bool
     for e in entries:
         wanted.setdefault(e.id, set()).update(row_keys(e))
         if controls:
-            wanted.setdefault(control_id(e), set()).update(row_keys(e))
+            wanted.setdefault(control_id(e), set()).update(row_keys(e, control=True))
     stale = []
     for path in sorted((Path(out) / "rows").glob("*.json")):
         row = read_valid_row(path, path.stem)

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import UserError
 from ..io import refuse_reference_dir
 from .common import DEFAULT_RESULTS, deterministic_flag, protocol_arg
-from .flags import add_config_flags, config_values
+from .flags import add_config_flags, add_recipe_flag, config_values
 
 
 def _resolve_transfer(args: argparse.Namespace) -> str | None:
@@ -50,6 +50,7 @@ _AS_GIVEN = (
     "data_root",
     "protocol",
     "finetune_settings",
+    "finetune_recipe",
 )
 
 
@@ -314,6 +315,7 @@ def eval_args(p: argparse.ArgumentParser) -> None:
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
     add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")
+    add_recipe_flag(p)
     _like_zoo_arg(p)
 
 

@@ -53,6 +53,8 @@ class ProbeOptions:
     heads: str | Path | None = None  # a folder of fitted linear heads to reuse (SLF)
     # the setting kinds ALF/AFF run on ("in-domain,corruption"); None: every setting, as SLF
     finetune_settings: str | Sequence[str] | None = None
+    # the named finetuning recipe (eval/finetune_recipes.py): uniform | robustssl[:METHOD]
+    finetune_recipe: str = "uniform"
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,13 @@ class EvalConfig:
         aff: AffConfig | None = None,
         setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
         finetune_settings: str | Sequence[str] | None = None,
+        finetune_recipe: str = "uniform",
     ) -> EvalConfig:
         """The configuration ``evaluate``'s keyword form describes (one keyword per field)."""
         return cls(
             data=DataOptions(dataset, transfer, shift, corruptions, severities, n_examples, data_root),
             source=SourceOptions(arch, fmt, normalize, name, control),
-            probe=ProbeOptions(probe, protocol, alf, aff, heads, finetune_settings),
+            probe=ProbeOptions(probe, protocol, alf, aff, heads, finetune_settings, finetune_recipe),
             attack=AttackOptions(suite, batch_size, setting_suites),
             output=OutputOptions(out, force, save_heads, progress),
             seed=seed,
