@@ -86,8 +86,14 @@ def run(args: Any) -> dict[str, Any]:
             "median_s": {k: round(v, 4) for k, v in med.items()},
             "raw_s": {k: rounded(v) for k, v in times.items()},
             "attack_steps": {
-                "acl": 5, "dynacl": 5, "rocl": 7, "deacl": 5, "acl_air": 5, "dynacl_air": 5, "adv": "1 (FGSM)"
-            },  # fmt: skip
+                "acl": 5,
+                "dynacl": 5,
+                "rocl": 7,
+                "deacl": 5,
+                "acl_air": 5,
+                "dynacl_air": 5,
+                "adv": "1 (FGSM)",
+            },
             "precision": "fp32",
             "method": "TrainStep of each preset, same process and images, contenders alternated",
         },
