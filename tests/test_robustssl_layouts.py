@@ -145,7 +145,9 @@ def _images(n: int = 2) -> Tensor:
     return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
-def _check(encoder: torch.nn.Module, sd: dict, bn: Callable[[str], str], ds: tuple[str, str], norm: str) -> float:
+def _check(
+    encoder: torch.nn.Module, sd: dict, bn: Callable[[str], str], ds: tuple[str, str], norm: str
+) -> float:
     x = _images()
     mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in NORMALIZATIONS[norm])
     with torch.no_grad():
@@ -192,11 +194,14 @@ def test_deacl_checkpoint_strips_backbone_and_keeps_its_normalisation(tmp_path: 
     mean, std = [0.4914, 0.4822, 0.4465], [0.247, 0.243, 0.261]  # DeACL's resnet_add_normalize
     state = {f"backbone.{k}": v for k, v in sd.items()}
     state |= {"backbone.normalize.mean": torch.tensor(mean), "backbone.normalize.std": torch.tensor(std)}
-    state |= {"projector.0.weight": torch.randn(32, 8 * WIDTH), "momentum_backbone.conv1.weight": sd["conv1.weight"]}
+    state |= {
+        "projector.0.weight": torch.randn(32, 8 * WIDTH),
+        "momentum_backbone.conv1.weight": sd["conv1.weight"],
+    }
     path = _save(tmp_path / "DeACL.pt", {"state_dict": state})
     assert detect_format(state) == "solo-learn"  # so DeACL needs --pretraining DeACL
     fmt = pretraining_format("auto", "DeACL")
-    encoder, info = load_foreign_encoder(path, arch="resnet18_cifar", fmt=fmt, normalize=None, width=WIDTH)
+    encoder, _ = load_foreign_encoder(path, arch="resnet18_cifar", fmt=fmt, normalize=None, width=WIDTH)
     assert encoder.mean.flatten().tolist() == pytest.approx(mean)
     x = _images()
     m, s = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
@@ -237,7 +242,10 @@ def test_a_file_with_one_branch_only_is_refused_in_one_line(tmp_path: Path) -> N
 
 def test_a_dual_bn_file_without_heads_or_normalisation_asks_for_the_method(tmp_path: Path) -> None:
     path = _save(tmp_path / "stripped.pt", dual_bn_state(WIDTH))
-    _one_line(lambda: load_foreign_encoder(path, arch="resnet18_cifar", normalize=None, width=WIDTH), "--pretraining")
+    _one_line(
+        lambda: load_foreign_encoder(path, arch="resnet18_cifar", normalize=None, width=WIDTH),
+        "--pretraining",
+    )
 
 
 def test_a_pickle_with_code_is_refused(tmp_path: Path) -> None:
@@ -251,9 +259,8 @@ def test_a_pickle_with_code_is_refused(tmp_path: Path) -> None:
 
 
 def test_pretraining_names_and_format_conflicts() -> None:
-    assert PRETRAININGS.names() == [
-        "ACL", "DynACL", "DynACL++", "DynACL-AIR", "DynACL-AIR++", "DynACL-RCS", "AdvCL", "A-InfoNCE", "DeACL",
-    ]  # fmt: skip
+    dual = ["ACL", "DynACL", "DynACL++", "DynACL-AIR", "DynACL-AIR++", "DynACL-RCS"]
+    assert PRETRAININGS.names() == [*dual, "AdvCL", "A-InfoNCE", "DeACL"]
     assert pretraining_format("robustssl", "AdvCL") == "robustssl:AdvCL"
     _one_line(lambda: pretraining_format("auto", "SimCLR"), "unknown RobustSSL pretraining")
     _one_line(lambda: pretraining_format("lightly", "ACL"), "--pretraining ACL")

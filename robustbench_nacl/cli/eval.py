@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import UserError
 from ..io import refuse_reference_dir
 from .common import DEFAULT_RESULTS, deterministic_flag, protocol_arg
-from .flags import add_config_flags, config_values
+from .flags import add_config_flags, config_values, robustssl_args
 
 
 def _resolve_transfer(args: argparse.Namespace) -> str | None:
@@ -50,6 +50,7 @@ _AS_GIVEN = (
     "data_root",
     "protocol",
     "finetune_settings",
+    "corruptions_from",
 )
 
 
@@ -138,8 +139,10 @@ def _from_flags(args: argparse.Namespace) -> dict[str, Any]:
 def run_eval(args: argparse.Namespace) -> int:
     """Evaluate the checkpoint (or ``--model``), print its rows and the one-line summary."""
     from ..eval.evaluate import evaluate
+    from ..models.foreign.robustssl import pretraining_format
 
     refuse_reference_dir(args.out)
+    args.format = pretraining_format(args.format, args.pretraining)  # --pretraining NAME: robustssl:NAME
     zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
     args.seed = 0 if args.seed is None else args.seed  # without --like-zoo; with it, zoo_kw's seed wins
     checkpoint, heads = _eval_source(args)
@@ -306,6 +309,7 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="recompute rows that already exist")
     p.add_argument("--data-root", default=None)
+    robustssl_args(p)
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
     protocol_arg(p, default=None, default_text="slf; with --like-zoo, the zoo's")

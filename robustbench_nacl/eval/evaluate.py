@@ -87,6 +87,7 @@ def evaluate(
     aff: AffConfig | None = None,
     setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
     finetune_settings: str | Sequence[str] | None = None,
+    corruptions_from: str | None = None,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -107,7 +108,8 @@ def evaluate(
     their settings); rows of each protocol are separate. ``setting_suites`` gives a setting kind
     (``transfer``, ``shift``, ``corruption``, ``in-domain``) its own suite, e.g. a short one for the
     many corruption settings; ``finetune_settings`` restricts ALF/AFF to some kinds (e.g.
-    ``"in-domain,corruption"``: one finetuning per encoder).
+    ``"in-domain,corruption"``: one finetuning per encoder). ``corruptions_from``: a folder of the
+    released CIFAR-10-C / CIFAR-100-C files, read instead of computing the corruptions.
     """
     keywords = EvalConfig.from_keywords(
         dataset=dataset, transfer=transfer, shift=shift, corruptions=corruptions, severities=severities,
@@ -115,7 +117,7 @@ def evaluate(
         fmt=fmt, normalize=normalize, control=control, force=force, batch_size=batch_size,
         data_root=data_root, progress=progress, name=name, heads=heads, save_heads=save_heads,
         protocol=protocol, alf=alf, aff=aff, setting_suites=setting_suites,
-        finetune_settings=finetune_settings,
+        finetune_settings=finetune_settings, corruptions_from=corruptions_from,
     )  # fmt: skip
     if config is not None and keywords != EvalConfig():
         raise UserError("evaluate(): pass either config= or keyword arguments, not both")
@@ -131,7 +133,8 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
     dev = resolve_device(cfg.device)
     loaded_suite, suites = load_suites(cfg.attack.suite, cfg.attack.setting_suites)
     kinds = parse_setting_kinds(probing.finetune_settings, "finetune settings")
-    parse_corruptions(data.corruptions)  # type: ignore[arg-type]  # names are checked before any loading
+    if data.corruptions_from is None:  # names are checked before any loading (released ones: below)
+        parse_corruptions(data.corruptions)  # type: ignore[arg-type]
     parse_severities(data.severities)  # type: ignore[arg-type]
     encoder, info = load_source(
         checkpoint, data.dataset, arch=src.arch, fmt=src.fmt, normalize=src.normalize, name=src.name
@@ -151,7 +154,14 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
         n_examples=data.n_examples,
         probe=probing.probe,
     )
-    settings = settings_for(parse_spec(dataset), data.transfer, data.shift, data.corruptions, data.severities)
+    settings = settings_for(
+        parse_spec(dataset),
+        data.transfer,
+        data.shift,
+        data.corruptions,
+        data.severities,
+        data.corruptions_from,
+    )
     all_rows: list[ResultRow] = []
     computed = 0
     out = Path(output.out)
@@ -186,6 +196,7 @@ def planned_identities(
     aff: AffConfig | None = None,
     setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
     finetune_settings: str | Sequence[str] | None = None,
+    corruptions_from: str | None = None,
     **_: Any,
 ) -> list[dict[str, Any]]:
     """Identities of every row ``evaluate(checkpoint, dataset=dataset, **kwargs)`` writes, computed
@@ -197,7 +208,7 @@ def planned_identities(
     loaded, suites = load_suites(suite, setting_suites)
     kinds = parse_setting_kinds(finetune_settings, "finetune settings")
     fields = identity_fields(loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe)
-    settings = settings_for(dataset, transfer, shift, corruptions, severities)
+    settings = settings_for(dataset, transfer, shift, corruptions, severities, corruptions_from)
     out = []
     for cfg in finetune_configs(protocol, alf, aff):  # as evaluate does: SLF has no finetune field
         pfields = fields.for_protocol(cfg)

@@ -18,6 +18,8 @@ from tqdm.auto import tqdm
 from ..attack.suites import Suite
 from ..data import ImageData, load_dataset
 from ..data.corruptions import corrupt
+from ..data.released import read_released
+from ..errors import UserError
 from ..io import check_writable_dir, sha256_bytes
 from ..locks import advisory_lock, remove_temporaries
 from ..results import rows as results
@@ -140,8 +142,7 @@ def _run_setting(
     n = job.ident.n_examples
     x_test, y_test = test.x[:n], test.y[:n]  # the first n test examples: fixed and documented
     if setting.corruption:
-        seed = derive_seed(job.ident.seed, "corruption", setting.corruption, setting.severity)
-        x_test = corrupt(x_test, setting.corruption, int(setting.severity or 1), seed)
+        x_test = _corrupted(job, setting, x_test, y_test)
     classifier, probe_result, finetuned = _fit(job, setting, train, test)
     probe_s = time.perf_counter() - t0
     suite, _ = job.suite_of(setting)
@@ -183,6 +184,22 @@ def _run_setting(
         results.write_row(job.out, row)
         written.append(row)
     return written
+
+
+def _corrupted(job: Job, setting: Setting, x_test: torch.Tensor, y_test: torch.Tensor) -> torch.Tensor:
+    """The test images of a corruption setting: read from its released set, else computed here."""
+    severity = int(setting.severity or 1)
+    if setting.corruption_dir is None:
+        seed = derive_seed(job.ident.seed, "corruption", setting.corruption, setting.severity)
+        return corrupt(x_test, str(setting.corruption), severity, seed)
+    x, y = read_released(setting.corruption_dir, str(setting.corruption), severity, n=len(y_test))
+    # the released files list the test set in its own order: a mismatch is another set or order
+    if len(y) != len(y_test) or not torch.equal(y, y_test):
+        raise UserError(
+            f"{setting.corruption_dir}: the labels of {setting.corruption} severity {severity} are not the "
+            f"first {len(y_test)} test labels of {setting.dataset}; is it {setting.corruption_source}?"
+        )
+    return x
 
 
 def _fit(

@@ -17,7 +17,13 @@ from .reading import clean
 def _formats() -> Registry[Layout]:
     formats: Registry[Layout] = Registry("checkpoint format")
     # registration order is detection order: the most specific layouts first
-    for layout, description in (*ours.LAYOUTS, *lightly.LAYOUTS, *solo.LAYOUTS, *robustssl.LAYOUTS, *plain.LAYOUTS):
+    for layout, description in (
+        *ours.LAYOUTS,
+        *lightly.LAYOUTS,
+        *solo.LAYOUTS,
+        *robustssl.LAYOUTS,
+        *plain.LAYOUTS,
+    ):
         formats.add(layout.name, layout, description=description)
     return formats
 

@@ -84,7 +84,9 @@ def load_foreign_encoder(
     run = read_solo_args(p) if fmt == "solo-learn" else None
     from_file = layout.normalization(stripped)
     if from_file is None and normalize is None and layout.ask_normalization:
-        raise CheckpointError(f"{p} ({fmt} layout) carries no input normalisation: {layout.ask_normalization}")
+        raise CheckpointError(
+            f"{p} ({fmt} layout) carries no input normalisation: {layout.ask_normalization}"
+        )
     normalize, mean, std = pick_normalization(from_file, normalize, solo_normalization(run))
     try:
         backbone_state = layout.convert(stripped)

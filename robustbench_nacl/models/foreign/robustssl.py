@@ -89,7 +89,9 @@ def _convert_dual(state: Mapping[str, Tensor], branch: int) -> dict[str, Tensor]
         if m:
             if int(m.group(1)) != branch:
                 continue  # the other branch
-            key = f"{key[: m.start()]}.{key[m.end() :]}"  # layer1.0.bn1.bn_list.1.weight -> layer1.0.bn1.weight
+            key = (
+                f"{key[: m.start()]}.{key[m.end() :]}"  # layer1.0.bn1.bn_list.1.weight -> layer1.0.bn1.weight
+            )
         # downsample.conv / downsample.bn -> torchvision's downsample.0 / downsample.1
         key = key.replace(".downsample.conv.", ".downsample.0.").replace(".downsample.bn.", ".downsample.1.")
         out[key] = value  # anything unmapped stays, so the strict load names it
@@ -102,7 +104,9 @@ def _convert_deacl(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k: v for k, v in out.items() if k not in _NORMALIZE and not k.startswith("fc.")}
 
 
-def _file_normalization(state: Mapping[str, Tensor], prefix: str = "") -> tuple[list[float], list[float]] | None:
+def _file_normalization(
+    state: Mapping[str, Tensor], prefix: str = ""
+) -> tuple[list[float], list[float]] | None:
     mean, std = state.get(prefix + "normalize.mean"), state.get(prefix + "normalize.std")
     if mean is None or std is None:
         return None
@@ -145,7 +149,7 @@ LAYOUTS = (
             _detected_normalization,
             ask_normalization="pass --pretraining NAME (its input normalisation depends on the method)",
         ),
-        "RobustSSL benchmark dual-BN checkpoint (ACL, DynACL..., AdvCL, A-InfoNCE): bn_list.1, as it evaluates",
+        "RobustSSL benchmark dual-BN checkpoint (ACL, DynACL..., AdvCL, A-InfoNCE): bn_list.1, as evaluated",
     ),
     *(
         (_layout(name, PRETRAININGS.get(name)), f"RobustSSL benchmark checkpoint of {name} (--pretraining)")
