@@ -134,19 +134,10 @@ def test_a_released_set_of_another_test_order_is_refused(tmp_path: Path) -> None
     arrays = write_cifar10(tmp_path / "data", n_train=40, n_test=N)
     write_cifar10c(tmp_path, (arrays["y_test"] + 1) % 10, {"fog": _blocks(0)})
     module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 8, stride=8), torch.nn.Flatten())
+    kw = {"corruptions": "fog", "severities": "1", "corruptions_from": str(tmp_path), "suite": "quick"}
+    data = {"dataset": "cifar10", "data_root": str(tmp_path / "data"), "out": tmp_path / "out"}
     _one_line(
-        lambda: evaluate(
-            module,
-            dataset="cifar10",
-            name="tiny",
-            out=tmp_path / "out",
-            data_root=str(tmp_path / "data"),
-            corruptions="fog",
-            severities="1",
-            corruptions_from=str(tmp_path),
-            suite="quick",
-            progress=False,
-        ),  # fmt: skip
+        lambda: evaluate(module, name="tiny", progress=False, **data, **kw),
         "are not the first 12 test labels of cifar10",
     )
 

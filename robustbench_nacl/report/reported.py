@@ -1,0 +1,204 @@
+"""The field's published numbers beside measured rows: ``leaderboard --reported robustssl``.
+
+A reported set is a data file of ``robustbench_nacl/files/reported/`` (``robustssl.json``: the
+RobustSSL benchmark's leaderboard, robustssl.github.io, with each number's repository, file and
+commit, and flags for cells that are no measurement). Its entries are never result rows: they carry
+no interval and no per-example outcomes, so they enter no ranking, paired test, claim, statistic or
+``compare``. They are rendered in their own section of LEADERBOARD.md, one table per board table of
+the same datasets and finetuning protocol, with each measured recipe's AutoAttack accuracy placed
+among them (docs/decisions.md, 'The leaderboard', 'Reported numbers beside measured rows').
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any
+
+from ..errors import UserError
+from ..registry import unknown_choice
+from .aggregate import Context, Entry
+from .fmt import pct
+from .protocols import protocol_of
+
+#: ``--reported`` names -> their data file under files/reported/
+REPORTED_SETS = {"robustssl": "robustssl.json"}
+AA_EPS = 8 / 255  # the benchmark's AutoAttack budget (Linf)
+#: board datasets -> the benchmark's name for them (its CIFAR -> STL-10 transfer is at 32 pixels)
+_BENCHMARK_DATASET = {"cifar10": "cifar10", "cifar100": "cifar100", "stl10": "stl10", "stl10-32": "stl10"}
+FLAG_TEXT = {"zero": "0 in the source: not a measurement", "hidden": "a column the page does not show"}
+
+
+@dataclass(frozen=True)
+class Reported:
+    """One reported line: a method's numbers for one (pretraining, evaluated dataset, protocol)."""
+
+    method: str
+    pretrain_dataset: str
+    dataset: str
+    protocol: str  # slf | alf | aff
+    finetuning: str  # vanilla | autolora
+    values: dict[str, float]  # autoattack, corruption, clean (in %)
+    source: dict[str, str]  # repository, file, commit
+    row: int
+    comment: str = ""
+    flags: dict[str, list[str]] = field(default_factory=dict)
+    copied: str = ""
+    venue: str = ""
+
+    def value(self, metric: str) -> float | None:
+        """The number as a measurement: None where the source's cell is no measurement (0)."""
+        v = self.values.get(metric)
+        return None if v is None or "zero" in self.flags.get(metric, []) else v
+
+
+def load_reported(name: str) -> list[Reported]:
+    """The entries of the reported set ``name`` (a one-line UserError for an unknown or bad one)."""
+    if name not in REPORTED_SETS:
+        raise unknown_choice("reported set", name, REPORTED_SETS)
+    path = files("robustbench_nacl") / "files" / "reported" / REPORTED_SETS[name]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        papers = data.get("papers", {})
+        return [
+            Reported(
+                **{k: v for k, v in e.items() if k in Reported.__dataclass_fields__},
+                venue=papers.get(e["method"], {}).get("venue", ""),
+            )
+            for e in data["entries"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"the reported set {name} ({path}) is unreadable: {e}") from None
+
+
+def _aa_metric(e: Entry) -> str | None:
+    """The entry's AutoAttack Linf 8/255 metric name, if it measured one."""
+    for r in e.rows:
+        if r["attack"] == "autoattack" and r["norm"] == "Linf" and math.isclose(float(r["eps"]), AA_EPS):
+            return f"autoattack_Linf_{round(float(r['eps']), 12):g}"
+    return None
+
+
+def key_of(e: Entry) -> tuple[str, str, str] | None:
+    """(pretrain dataset, evaluated dataset, protocol) in the benchmark's names, or None where the
+    entry is no setting the benchmark reports (a class subset, a shift, another dataset)."""
+    if e.setting not in ("in-domain", "transfer"):
+        return None
+    pre, ds = _BENCHMARK_DATASET.get(e.recipe.pretrain_dataset), _BENCHMARK_DATASET.get(e.dataset)
+    return None if pre is None or ds is None else (pre, ds, protocol_of(e))
+
+
+def placement(value: float, reported: Sequence[Reported]) -> str:
+    """Where an AutoAttack accuracy (in %) falls among reported entries, in one sentence part."""
+    ranked = sorted(((r.value("autoattack"), r.method) for r in reported), key=lambda t: -(t[0] or -1))
+    ranked = [(v, m) for v, m in ranked if v is not None]
+    above = [(v, m) for v, m in ranked if v > value]
+    below = [(v, m) for v, m in ranked if v <= value]
+    where = f"rank {len(above) + 1} of {len(ranked) + 1}"
+    if above and below:
+        return f"{where}, between {above[-1][1]} ({above[-1][0]:.2f}) and {below[0][1]} ({below[0][0]:.2f})"
+    if above:
+        return f"{where}, below every reported entry (lowest: {above[-1][1]} {above[-1][0]:.2f})"
+    return f"{where}, above every reported entry" + (
+        f" (highest: {below[0][1]} {below[0][0]:.2f})" if below else ""
+    )
+
+
+def _cell(r: Reported, metric: str) -> str:
+    v, flags = r.value(metric), r.flags.get(metric, [])
+    marks = "⚑" if any(f.startswith("repeated") for f in flags) else ""
+    return ("–" if v is None else f"{v:.2f}") + marks
+
+
+def _flags_text(r: Reported) -> str:
+    """The benchmark's comment, then what is copied or hidden (zeros show as ``–`` already)."""
+    parts = [r.comment] if r.comment else []
+    parts += [p for p in r.copied.split("; ") if p and not p.startswith("the benchmark's comment")]
+    parts += [
+        f"{m}: {', '.join(FLAG_TEXT.get(f, f) for f in fs)}" for m, fs in r.flags.items() if "zero" not in fs
+    ]
+    return "; ".join(parts)
+
+
+def _table(
+    ctx: Context, key: tuple[str, str, str], entries: list[Entry], reported: list[Reported]
+) -> list[str]:
+    pre, ds, proto = key
+    head = "| | method | venue | AutoAttack | clean | corruption | source | flags |"
+    lines = [f"### {pre} → {ds} · {proto.upper()}", "", head, "|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        metric = _aa_metric(e)
+        aa, clean = pct(e.stat(metric).mean) if metric else "–", pct(e.stat("clean").mean)
+        lines.append(f"| measured | {ctx.label(e.recipe)} | this board | {aa} | {clean} | – | – | |")
+    for r in sorted(reported, key=lambda r: -(r.value("autoattack") or -1)):
+        where = f"`{r.source['file']}` row {r.row} @ {r.source['commit'][:7]}"
+        cells = [_cell(r, m) for m in ("autoattack", "clean", "corruption")]
+        lines.append(
+            f"| reported | {r.method} | {r.venue} | {' | '.join(cells)} | {where} | {_flags_text(r)} |"
+        )
+    lines.append("")
+    for e in entries:
+        metric = _aa_metric(e)
+        mean = e.stat(metric).mean if metric else None
+        if mean is None:
+            lines.append(
+                f"- {ctx.label(e.recipe)}: not placed, no AutoAttack Linf 8/255 rows (`--suite robust-ssl`)."
+            )
+        else:
+            lines.append(
+                f"- {ctx.label(e.recipe)}: AutoAttack {100 * mean:.1f}, {placement(100 * mean, reported)}."
+            )
+    return [*lines, ""]
+
+
+def markdown_section(ctx: Context, name: str, finetuning: str = "vanilla") -> list[str]:
+    """The LEADERBOARD.md section of reported set ``name`` beside the board's tables."""
+    reported = [r for r in load_reported(name) if r.finetuning == finetuning]
+    by_key: dict[tuple[str, str, str], list[Entry]] = {}
+    for e in ctx.entries:
+        key = key_of(e)
+        if key is not None and not e.recipe.control:
+            by_key.setdefault(key, []).append(e)
+    md = [
+        f"## Reported by the RobustSSL benchmark ({name}: not measured here)",
+        "",
+        "> The benchmark's published numbers (robustssl.github.io), rows marked **reported**, as its "
+        f"source files give them ({finetuning} fine-tuning): no interval, no paired test; they enter no "
+        "ranking, claim, statistic or `compare`. `–`: 0 in the source (no measurement); ⚑: the same value "
+        "as another row of its file. The measured rows are this board's, placed among them by AutoAttack "
+        "(Linf 8/255).",
+        "",
+    ]
+    tables = 0
+    for key, entries in sorted(by_key.items()):
+        match = [r for r in reported if (r.pretrain_dataset, r.dataset, r.protocol) == key]
+        if match:
+            md += _table(ctx, key, entries, match)
+            tables += 1
+    if not tables:
+        md += ["No table of this board has the datasets and protocol of a reported one.", ""]
+    return md
+
+
+def placement_for_card(rows: Sequence[dict[str, Any]], name: str = "robustssl") -> list[str]:
+    """For a model card: where each (dataset, protocol) AutoAttack Linf 8/255 accuracy of ``rows``
+    (one checkpoint's rows) falls among the reported set's vanilla entries; empty where none match."""
+    out = []
+    reported = [r for r in load_reported(name) if r.finetuning == "vanilla"]
+    for row in rows:
+        if row["attack"] != "autoattack" or not math.isclose(float(row["eps"]), AA_EPS):
+            continue
+        ft = row.get("finetune")
+        proto = str(ft.get("protocol")) if isinstance(ft, dict) else "slf"
+        pre = _BENCHMARK_DATASET.get(str(row.get("pretrain_dataset")))
+        key = (pre, _BENCHMARK_DATASET.get(str(row["dataset"])), proto)
+        match = [r for r in reported if (r.pretrain_dataset, r.dataset, r.protocol) == key]
+        if match:
+            value = 100 * float(row["robust_acc"])
+            out.append(
+                f"{key[0]} → {key[1]} {proto.upper()}: AutoAttack {value:.1f}, {placement(value, match)}"
+            )
+    return out
