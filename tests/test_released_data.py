@@ -7,6 +7,7 @@ set's order, and ``labels.npy`` (5 * N,). The fixtures here are that layout with
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,30 @@ def test_stl10_at_32_pixels_is_the_benchmarks_resize_and_the_transfer_from_cifar
     assert transfer == ["stl10-32"]  # as the benchmark: Resize(32) of STL-10 for a CIFAR encoder
     assert [s.dataset for s in settings_for("stl10", "cifar10", None)][1] == "cifar10"
     assert [s.dataset for s in settings_for("cifar100", ["stl10", "stl10-32"], None)][1:] == ["stl10-32"]
+
+
+def test_cli_eval_of_a_released_checkpoint_on_released_corruptions(tmp_path: Path, capsys) -> None:
+    """The README's workflow in small: a benchmark checkpoint (the ACL layout), --pretraining ACL,
+    CIFAR-10 with CIFAR-10-C read from its files, then the board with --reported robustssl."""
+    from _models import one_thread
+    from test_robustssl_layouts import acl_file
+
+    from robustbench_nacl.cli import main
+
+    arrays = write_cifar10(tmp_path / "data", n_train=30, n_test=N)
+    write_cifar10c(tmp_path, arrays["y_test"], {"fog": _blocks(0)})
+    torch.save({"state_dict": acl_file(64)}, tmp_path / "ACL_DS.pt")
+    out = tmp_path / "board"
+    args = ["eval", str(tmp_path / "ACL_DS.pt"), "--arch", "resnet18_cifar", "--pretraining", "ACL"]
+    args += ["--dataset", "cifar10", "--corruptions", "fog", "--severities", "3"]
+    args += ["--corruptions-from", str(tmp_path / "CIFAR-10-C"), "--suite", "quick", "--probe-epochs", "5"]
+    args += ["--data-root", str(tmp_path / "data"), "--out", str(out), "--no-progress"]
+    with one_thread():
+        assert main(args) == 0, capsys.readouterr().err
+    rows = [r for r in map(json.loads, map(Path.read_text, (out / "rows").glob("*.json")))]
+    assert {r["checkpoint_format"] for r in rows} == {"robustssl:ACL"}
+    assert {r.get("corruption_source") for r in rows if r["setting"] == "corruption"} == {"CIFAR-10-C"}
+    assert main(["leaderboard", "--rows", str(out), "--out", str(out), "--reported", "robustssl"]) == 0
+    md = (out / "LEADERBOARD.md").read_text()
+    assert "### cifar10 → cifar10 · SLF" in md and "| reported | DynACL-AIR++ |" in md
+    assert "not placed, no AutoAttack Linf 8/255 rows" in md  # the quick suite has none

@@ -1,5 +1,5 @@
-"""Data as the robust-SSL field evaluates it (docs/decisions.md, 'Robust self-supervised evaluation',
-'Released corruption sets and STL-10 at 32 pixels'):
+"""Data as the robust-SSL field evaluates it (docs/decisions.md, 'Released corruption sets and
+STL-10 at 32 pixels'):
 
 * CIFAR-10-C and CIFAR-100-C from their released files (Hendrycks & Dietterich; Zenodo records
   2535967 and 3555552), the test sets everyone else uses instead of corruptions computed here: a

@@ -6,7 +6,7 @@ commit, and flags for cells that are no measurement). Its entries are never resu
 no interval and no per-example outcomes, so they enter no ranking, paired test, claim, statistic or
 ``compare``. They are rendered in their own section of LEADERBOARD.md, one table per board table of
 the same datasets and finetuning protocol, with each measured recipe's AutoAttack accuracy placed
-among them (docs/decisions.md, 'The leaderboard', 'Reported numbers beside measured rows').
+among them (docs/decisions.md, 'Reported numbers beside measured rows').
 """
 
 from __future__ import annotations
@@ -82,12 +82,16 @@ def _aa_metric(e: Entry) -> str | None:
     return None
 
 
-def key_of(e: Entry) -> tuple[str, str, str] | None:
+def key_of(e: Entry, in_domain: str | None = None) -> tuple[str, str, str] | None:
     """(pretrain dataset, evaluated dataset, protocol) in the benchmark's names, or None where the
-    entry is no setting the benchmark reports (a class subset, a shift, another dataset)."""
+    entry is no setting the benchmark reports (a class subset, a shift, another dataset).
+
+    A foreign checkpoint records no pretraining dataset: its in-domain dataset (``in_domain``, the
+    dataset of its recipe's in-domain rows) stands for it, as ``eval --dataset`` defines it."""
     if e.setting not in ("in-domain", "transfer"):
         return None
-    pre, ds = _BENCHMARK_DATASET.get(e.recipe.pretrain_dataset), _BENCHMARK_DATASET.get(e.dataset)
+    pretrain = e.recipe.pretrain_dataset or (e.dataset if e.setting == "in-domain" else in_domain)
+    pre, ds = _BENCHMARK_DATASET.get(str(pretrain)), _BENCHMARK_DATASET.get(e.dataset)
     return None if pre is None or ds is None else (pre, ds, protocol_of(e))
 
 
@@ -158,8 +162,9 @@ def markdown_section(ctx: Context, name: str, finetuning: str = "vanilla") -> li
     """The LEADERBOARD.md section of reported set ``name`` beside the board's tables."""
     reported = [r for r in load_reported(name) if r.finetuning == finetuning]
     by_key: dict[tuple[str, str, str], list[Entry]] = {}
+    in_domain = {e.recipe.recipe_id: e.dataset for e in ctx.entries if e.setting == "in-domain"}
     for e in ctx.entries:
-        key = key_of(e)
+        key = key_of(e, in_domain.get(e.recipe.recipe_id))
         if key is not None and not e.recipe.control:
             by_key.setdefault(key, []).append(e)
     md = [
@@ -188,12 +193,13 @@ def placement_for_card(rows: Sequence[dict[str, Any]], name: str = "robustssl") 
     (one checkpoint's rows) falls among the reported set's vanilla entries; empty where none match."""
     out = []
     reported = [r for r in load_reported(name) if r.finetuning == "vanilla"]
+    in_domain = next((r["dataset"] for r in rows if r["setting"] == "in-domain"), None)
     for row in rows:
         if row["attack"] != "autoattack" or not math.isclose(float(row["eps"]), AA_EPS):
             continue
         ft = row.get("finetune")
         proto = str(ft.get("protocol")) if isinstance(ft, dict) else "slf"
-        pre = _BENCHMARK_DATASET.get(str(row.get("pretrain_dataset")))
+        pre = _BENCHMARK_DATASET.get(str(row.get("pretrain_dataset") or in_domain))
         key = (pre, _BENCHMARK_DATASET.get(str(row["dataset"])), proto)
         match = [r for r in reported if (r.pretrain_dataset, r.dataset, r.protocol) == key]
         if match:

@@ -1,7 +1,7 @@
 """The RobustSSL benchmark's released checkpoints (GodXuxilie/RobustSSL_Benchmark, its model zoo):
 the layouts of ACL, DynACL and its variants, AdvCL, A-InfoNCE and DeACL, converted the way the
 benchmark's ``Finetuning_Methods/Vanilla_Finetuning/utils.py`` converts them for its SLF / ALF
-evaluation (docs/decisions.md, 'Plugins and backbones', 'The RobustSSL benchmark's checkpoints').
+evaluation (docs/decisions.md, 'RobustSSL benchmark checkpoints').
 
 * dual BN (ACL, DynACL, DynACL++, DynACL-AIR, DynACL-AIR++, DynACL-RCS): every BatchNorm is a
   ``batch_norm_multiple`` with ``bn_list.0`` (the clean, "normal" branch) and ``bn_list.1`` (the
