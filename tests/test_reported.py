@@ -13,7 +13,7 @@ import pytest
 from robustbench_nacl.cli import main
 from robustbench_nacl.report.compare import main_compare
 from robustbench_nacl.report.leaderboard import render_leaderboard
-from robustbench_nacl.report.reported import load_reported, placement, placement_for_card
+from robustbench_nacl.results.reported import load_reported, placement, placement_for_card
 from robustbench_nacl.results.rows import ResultRow, stamp_ids, write_row
 
 ROWS = Path(__file__).parent / "data" / "leaderboard" / "rows"

@@ -1,77 +1,25 @@
 """The field's published numbers beside measured rows: ``leaderboard --reported robustssl``.
 
-A reported set is a data file of ``robustbench_nacl/files/reported/`` (``robustssl.json``: the
-RobustSSL benchmark's leaderboard, robustssl.github.io, with each number's repository, file and
-commit, and flags for cells that are no measurement). Its entries are never result rows: they carry
-no interval and no per-example outcomes, so they enter no ranking, paired test, claim, statistic or
-``compare``. They are rendered in their own section of LEADERBOARD.md, one table per board table of
-the same datasets and finetuning protocol, with each measured recipe's AutoAttack accuracy placed
-among them (docs/decisions.md, 'Reported numbers beside measured rows').
+A reported set (read by :mod:`robustbench_nacl.results.reported`) is a data file of
+``files/reported/`` (``robustssl.json``: the RobustSSL benchmark's leaderboard, robustssl.github.io,
+with each number's repository, file and commit, and flags for cells that are no measurement). Its
+entries are never result rows: they carry no interval and no per-example outcomes, so they enter no
+ranking, paired test, claim, statistic or ``compare``. They are rendered in their own section of
+LEADERBOARD.md, one table per board table of the same datasets and finetuning protocol, with each
+measured recipe's AutoAttack accuracy placed among them (docs/decisions.md, 'Reported numbers
+beside measured rows').
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from importlib.resources import files
-from typing import Any
 
-from ..errors import UserError
-from ..registry import unknown_choice
+from ..results.reported import AA_EPS, BENCHMARK_DATASET, Reported, load_reported, placement
 from .aggregate import Context, Entry
 from .fmt import pct
 from .protocols import protocol_of
 
-#: ``--reported`` names -> their data file under files/reported/
-REPORTED_SETS = {"robustssl": "robustssl.json"}
-AA_EPS = 8 / 255  # the benchmark's AutoAttack budget (Linf)
-#: board datasets -> the benchmark's name for them (its CIFAR -> STL-10 transfer is at 32 pixels)
-_BENCHMARK_DATASET = {"cifar10": "cifar10", "cifar100": "cifar100", "stl10": "stl10", "stl10-32": "stl10"}
 FLAG_TEXT = {"zero": "0 in the source: not a measurement", "hidden": "a column the page does not show"}
-
-
-@dataclass(frozen=True)
-class Reported:
-    """One reported line: a method's numbers for one (pretraining, evaluated dataset, protocol)."""
-
-    method: str
-    pretrain_dataset: str
-    dataset: str
-    protocol: str  # slf | alf | aff
-    finetuning: str  # vanilla | autolora
-    values: dict[str, float]  # autoattack, corruption, clean (in %)
-    source: dict[str, str]  # repository, file, commit
-    row: int
-    comment: str = ""
-    flags: dict[str, list[str]] = field(default_factory=dict)
-    copied: str = ""
-    venue: str = ""
-
-    def value(self, metric: str) -> float | None:
-        """The number as a measurement: None where the source's cell is no measurement (0)."""
-        v = self.values.get(metric)
-        return None if v is None or "zero" in self.flags.get(metric, []) else v
-
-
-def load_reported(name: str) -> list[Reported]:
-    """The entries of the reported set ``name`` (a one-line UserError for an unknown or bad one)."""
-    if name not in REPORTED_SETS:
-        raise unknown_choice("reported set", name, REPORTED_SETS)
-    path = files("robustbench_nacl") / "files" / "reported" / REPORTED_SETS[name]
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        papers = data.get("papers", {})
-        return [
-            Reported(
-                **{k: v for k, v in e.items() if k in Reported.__dataclass_fields__},
-                venue=papers.get(e["method"], {}).get("venue", ""),
-            )
-            for e in data["entries"]
-        ]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"the reported set {name} ({path}) is unreadable: {e}") from None
 
 
 def _aa_metric(e: Entry) -> str | None:
@@ -91,24 +39,8 @@ def key_of(e: Entry, in_domain: str | None = None) -> tuple[str, str, str] | Non
     if e.setting not in ("in-domain", "transfer"):
         return None
     pretrain = e.recipe.pretrain_dataset or (e.dataset if e.setting == "in-domain" else in_domain)
-    pre, ds = _BENCHMARK_DATASET.get(str(pretrain)), _BENCHMARK_DATASET.get(e.dataset)
+    pre, ds = BENCHMARK_DATASET.get(str(pretrain)), BENCHMARK_DATASET.get(e.dataset)
     return None if pre is None or ds is None else (pre, ds, protocol_of(e))
-
-
-def placement(value: float, reported: Sequence[Reported]) -> str:
-    """Where an AutoAttack accuracy (in %) falls among reported entries, in one sentence part."""
-    ranked = sorted(((r.value("autoattack"), r.method) for r in reported), key=lambda t: -(t[0] or -1))
-    ranked = [(v, m) for v, m in ranked if v is not None]
-    above = [(v, m) for v, m in ranked if v > value]
-    below = [(v, m) for v, m in ranked if v <= value]
-    where = f"rank {len(above) + 1} of {len(ranked) + 1}"
-    if above and below:
-        return f"{where}, between {above[-1][1]} ({above[-1][0]:.2f}) and {below[0][1]} ({below[0][0]:.2f})"
-    if above:
-        return f"{where}, below every reported entry (lowest: {above[-1][1]} {above[-1][0]:.2f})"
-    return f"{where}, above every reported entry" + (
-        f" (highest: {below[0][1]} {below[0][0]:.2f})" if below else ""
-    )
 
 
 def _cell(r: Reported, metric: str) -> str:
@@ -186,25 +118,3 @@ def markdown_section(ctx: Context, name: str, finetuning: str = "vanilla") -> li
     if not tables:
         md += ["No table of this board has the datasets and protocol of a reported one.", ""]
     return md
-
-
-def placement_for_card(rows: Sequence[dict[str, Any]], name: str = "robustssl") -> list[str]:
-    """For a model card: where each (dataset, protocol) AutoAttack Linf 8/255 accuracy of ``rows``
-    (one checkpoint's rows) falls among the reported set's vanilla entries; empty where none match."""
-    out = []
-    reported = [r for r in load_reported(name) if r.finetuning == "vanilla"]
-    in_domain = next((r["dataset"] for r in rows if r["setting"] == "in-domain"), None)
-    for row in rows:
-        if row["attack"] != "autoattack" or not math.isclose(float(row["eps"]), AA_EPS):
-            continue
-        ft = row.get("finetune")
-        proto = str(ft.get("protocol")) if isinstance(ft, dict) else "slf"
-        pre = _BENCHMARK_DATASET.get(str(row.get("pretrain_dataset") or in_domain))
-        key = (pre, _BENCHMARK_DATASET.get(str(row["dataset"])), proto)
-        match = [r for r in reported if (r.pretrain_dataset, r.dataset, r.protocol) == key]
-        if match:
-            value = 100 * float(row["robust_acc"])
-            out.append(
-                f"{key[0]} → {key[1]} {proto.upper()}: AutoAttack {value:.1f}, {placement(value, match)}"
-            )
-    return out
