@@ -141,6 +141,7 @@ def test_a_released_set_of_another_test_order_is_refused(tmp_path: Path) -> None
         lambda: evaluate(module, name="tiny", progress=False, **data, **kw),
         "are not the first 12 test labels of cifar10",
     )
+    assert not (tmp_path / "out" / "rows").exists() or not any((tmp_path / "out" / "rows").iterdir())
 
 
 def test_stl10_at_32_pixels_is_the_benchmarks_resize_and_the_transfer_from_cifar(tmp_path: Path) -> None:

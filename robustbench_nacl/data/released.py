@@ -94,12 +94,8 @@ def _load_npy(path: Path) -> np.ndarray:
         raise UserError(f"{path} is not a readable .npy array ({str(e).splitlines()[0]})") from None
 
 
-def read_released(
-    folder: str | Path, corruption: str, severity: int, n: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 images (n, 3, 32, 32), int64 labels (n,)) of one corruption at one severity: the first
-    ``n`` images of its block (None: the whole block). A missing, short or malformed file is a
-    one-line UserError."""
+def _open_released(folder: str | Path, corruption: str, severity: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(images, labels, N) of one corruption's file, memory-mapped and checked (nothing read yet)."""
     d = Path(folder)
     if severity not in range(1, SEVERITY_COUNT + 1):
         raise UserError(f"severity {severity}: the released sets have severities 1-{SEVERITY_COUNT}")
@@ -118,6 +114,26 @@ def read_released(
             f"{paths[1]} holds {images.shape[0]} images, {paths[0]} {labels.shape[0]} labels "
             f"({SEVERITY_COUNT} severities of {per}); the file is short or from another set"
         )
+    return images, labels, per
+
+
+def released_labels(folder: str | Path, corruption: str, severity: int, n: int | None = None) -> torch.Tensor:
+    """The labels of the first ``n`` images of one (corruption, severity), with every check of
+    :func:`read_released` but no image read: to refuse a wrong set before any work."""
+    _, labels, per = _open_released(folder, corruption, severity)
+    start = (severity - 1) * per
+    return torch.from_numpy(
+        np.asarray(labels[start : start + (per if n is None else min(n, per))], dtype=np.int64)
+    )
+
+
+def read_released(
+    folder: str | Path, corruption: str, severity: int, n: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images (n, 3, 32, 32), int64 labels (n,)) of one corruption at one severity: the first
+    ``n`` images of its block (None: the whole block). A missing, short or malformed file is a
+    one-line UserError."""
+    images, labels, per = _open_released(folder, corruption, severity)
     take = per if n is None else min(n, per)
     block = slice((severity - 1) * per, (severity - 1) * per + take)
     x = torch.from_numpy(np.ascontiguousarray(images[block].transpose(0, 3, 1, 2)))
