@@ -118,7 +118,8 @@ def test_leaderboard_reported_adds_the_section_and_changes_nothing_else(tmp_path
     assert "### cifar10 → cifar10 · SLF" in section
     assert "| reported | DynACL-AIR++ | NeurIPS 2023 | 46.99 | 81.80 | 72.11 |" in section
     assert "| measured | my-acl | this board | 41.2 | 80.1 |" in section
-    assert "- my-acl: AutoAttack 41.2, rank 9 of 12, between A-InfoNCE (42.72) and ACL (39.17)." in section
+    between = "rank 9 of 12, between A-InfoNCE (42.72) and ACL (39.17)"
+    assert f"- my-acl: AutoAttack 41.2 (1000 test examples), {between}." in section
     assert "| reported | TARO |" in section and "copied from the original paper" in section
     assert "cifar10 → stl10" not in section  # no transfer rows on this board
 
@@ -165,7 +166,23 @@ def test_cli_leaderboard_reported_and_an_unknown_set(tmp_path: Path, capsys) -> 
 def test_placement_for_a_model_card() -> None:
     lines = placement_for_card(_cifar_rows(aa=0.50))
     top = "above every reported entry (highest: DynACL-AIR++ 46.99)"
-    assert lines == [f"cifar10 → cifar10 SLF: AutoAttack 50.0, rank 1 of 12, {top}"]
+    assert lines == [f"cifar10 → cifar10 SLF: AutoAttack 50.0 (1000 test examples), rank 1 of 12, {top}"]
     assert placement(
         10.0, _find(pretrain_dataset="cifar10", dataset="stl10", protocol="slf", finetuning="vanilla")
     ).startswith("rank 8 of 8, below every reported entry")
+
+
+def test_eval_prints_where_its_autoattack_falls(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``eval`` of a CIFAR-10 checkpoint with AutoAttack at 8/255 says where it falls (the
+    evaluation itself is replaced by the rows it would return)."""
+    import robustbench_nacl.eval.evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **kw: _cifar_rows())
+    (tmp_path / "mine.pt").write_bytes(b"unused")
+    assert (
+        main(["eval", str(tmp_path / "mine.pt"), "--dataset", "cifar10", "--out", str(tmp_path / "o")]) == 0
+    )
+    out = capsys.readouterr().out
+    between = "rank 9 of 12, between A-InfoNCE (42.72) and ACL (39.17)"
+    assert "beside the RobustSSL benchmark's reported entries: cifar10 → cifar10 SLF: AutoAttack 41.2" in out
+    assert between in out

@@ -140,6 +140,7 @@ def run_eval(args: argparse.Namespace) -> int:
     """Evaluate the checkpoint (or ``--model``), print its rows and the one-line summary."""
     from ..eval.evaluate import evaluate
     from ..models.foreign.robustssl import pretraining_format
+    from ..results.reported import placement_for_card
 
     refuse_reference_dir(args.out)
     args.format = pretraining_format(args.format, args.pretraining)  # --pretraining NAME: robustssl:NAME
@@ -152,6 +153,8 @@ def run_eval(args: argparse.Namespace) -> int:
     # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
     summary = getattr(rows, "summary", None)
     print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
+    for line in placement_for_card(rows):  # CIFAR/STL-10 AutoAttack at 8/255 beside the field's numbers
+        print(f"beside the RobustSSL benchmark's reported entries: {line}")
     if args.card and rows:
         from ..eval.cards import card_of_rows, write_card
 

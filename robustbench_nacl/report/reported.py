@@ -84,9 +84,8 @@ def _table(
                 f"- {ctx.label(e.recipe)}: not placed, no AutoAttack Linf 8/255 rows (`--suite robust-ssl`)."
             )
         else:
-            lines.append(
-                f"- {ctx.label(e.recipe)}: AutoAttack {100 * mean:.1f}, {placement(100 * mean, reported)}."
-            )
+            what = f"- {ctx.label(e.recipe)}: AutoAttack {100 * mean:.1f} ({e.n_examples} test examples)"
+            lines.append(f"{what}, {placement(100 * mean, reported)}.")
     return [*lines, ""]
 
 

@@ -97,8 +97,7 @@ def placement_for_card(rows: Sequence[Mapping[str, Any]], name: str = "robustssl
         key = (pre, BENCHMARK_DATASET.get(str(row["dataset"])), proto)
         match = [r for r in reported if (r.pretrain_dataset, r.dataset, r.protocol) == key]
         if match:
-            value = 100 * float(row["robust_acc"])
-            out.append(
-                f"{key[0]} → {key[1]} {proto.upper()}: AutoAttack {value:.1f}, {placement(value, match)}"
-            )
+            value, n = 100 * float(row["robust_acc"]), row.get("n_examples_evaluated")
+            what = f"{key[0]} → {key[1]} {proto.upper()}: AutoAttack {value:.1f} ({n} test examples)"
+            out.append(f"{what}, {placement(value, match)}")
     return out
