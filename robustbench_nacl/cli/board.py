@@ -41,6 +41,7 @@ def run_leaderboard(args: argparse.Namespace) -> int:
             baseline=args.baseline,
             baseline_recipe=args.baseline_recipe,
             notify=lambda notice: print(notice, file=sys.stderr),
+            reported=args.reported,
         )
     for name, path in files.items():
         print(f"{name}: {path}")
@@ -96,6 +97,13 @@ def leaderboard_args(p: argparse.ArgumentParser) -> None:
         "(default: the worst case at the suite's largest epsilon)",
     )
     _baseline_flags(p, None)
+    p.add_argument(
+        "--reported",
+        default=None,
+        metavar="NAME",
+        help="add a section of the field's published numbers beside the matching tables, marked "
+        "reported and never ranked or tested: robustssl (the RobustSSL benchmark's leaderboard)",
+    )
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import UserError
 from ..io import refuse_reference_dir
 from .common import DEFAULT_RESULTS, deterministic_flag, protocol_arg
-from .flags import add_config_flags, add_recipe_flag, config_values
+from .flags import add_config_flags, add_recipe_flag, config_values, robustssl_args
 
 
 def _resolve_transfer(args: argparse.Namespace) -> str | None:
@@ -51,6 +51,7 @@ _AS_GIVEN = (
     "protocol",
     "finetune_settings",
     "finetune_recipe",
+    "corruptions_from",
 )
 
 
@@ -139,8 +140,11 @@ def _from_flags(args: argparse.Namespace) -> dict[str, Any]:
 def run_eval(args: argparse.Namespace) -> int:
     """Evaluate the checkpoint (or ``--model``), print its rows and the one-line summary."""
     from ..eval.evaluate import evaluate
+    from ..models.foreign.robustssl import pretraining_format
+    from ..results.reported import placement_for_card
 
     refuse_reference_dir(args.out)
+    args.format = pretraining_format(args.format, args.pretraining)  # --pretraining NAME: robustssl:NAME
     zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
     args.seed = 0 if args.seed is None else args.seed  # without --like-zoo; with it, zoo_kw's seed wins
     checkpoint, heads = _eval_source(args)
@@ -150,6 +154,8 @@ def run_eval(args: argparse.Namespace) -> int:
     # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
     summary = getattr(rows, "summary", None)
     print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
+    for line in placement_for_card(rows):  # CIFAR/STL-10 AutoAttack at 8/255 beside the field's numbers
+        print(f"beside the RobustSSL benchmark's reported entries: {line}")
     if args.card and rows:
         from ..eval.cards import card_of_rows, write_card
 
@@ -307,6 +313,7 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="recompute rows that already exist")
     p.add_argument("--data-root", default=None)
+    robustssl_args(p)
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
     protocol_arg(p, default=None, default_text="slf; with --like-zoo, the zoo's")

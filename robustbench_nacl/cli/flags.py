@@ -114,3 +114,24 @@ def add_recipe_flag(p: argparse.ArgumentParser) -> None:
         metavar="RECIPE",
         help=f"the SLF/ALF/AFF settings: {names} (default: {DEFAULT_RECIPE})".replace("%", "%%"),
     )
+
+
+def robustssl_args(p: argparse.ArgumentParser) -> None:
+    """``eval``'s flags for the RobustSSL benchmark's checkpoints and released corruption sets
+    (docs/decisions.md, 'Robust self-supervised evaluation')."""
+    from ..models.foreign.robustssl import PRETRAININGS  # lazy, like every command's heavy imports
+
+    p.add_argument(
+        "--pretraining",
+        default=None,
+        metavar="NAME",
+        help="a RobustSSL benchmark checkpoint of this method, read as the benchmark reads it (--format "
+        f"robustssl:NAME): {', '.join(PRETRAININGS.names())}",
+    )
+    p.add_argument(
+        "--corruptions-from",
+        default=None,
+        metavar="DIR",
+        help="read --corruptions from the released CIFAR-10-C / CIFAR-100-C .npy files in DIR (or "
+        "DIR/CIFAR-10-C) instead of computing them; 'all' is the benchmark's 15",
+    )

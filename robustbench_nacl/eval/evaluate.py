@@ -89,6 +89,7 @@ def evaluate(
     setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
     finetune_settings: str | Sequence[str] | None = None,
     finetune_recipe: str = "uniform",
+    corruptions_from: str | None = None,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -112,6 +113,8 @@ def evaluate(
     ``"in-domain,corruption"``: one finetuning per encoder). ``finetune_recipe`` names the recipe
     (eval/finetune_recipes.py): ``uniform``, one protocol for every family, or ``robustssl``, the
     RobustSSL benchmark's per-method settings; it is part of every finetuned row's identity.
+    ``corruptions_from``: a folder of the released CIFAR-10-C / CIFAR-100-C files, read instead of
+    computing the corruptions.
     """
     keywords = EvalConfig.from_keywords(
         dataset=dataset, transfer=transfer, shift=shift, corruptions=corruptions, severities=severities,
@@ -120,6 +123,7 @@ def evaluate(
         data_root=data_root, progress=progress, name=name, heads=heads, save_heads=save_heads,
         protocol=protocol, alf=alf, aff=aff, setting_suites=setting_suites,
         finetune_settings=finetune_settings, finetune_recipe=finetune_recipe,
+        corruptions_from=corruptions_from,
     )  # fmt: skip
     if config is not None and keywords != EvalConfig():
         raise UserError("evaluate(): pass either config= or keyword arguments, not both")
@@ -136,7 +140,8 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
     dev = resolve_device(cfg.device)
     loaded_suite, suites = load_suites(cfg.attack.suite, cfg.attack.setting_suites)
     kinds = parse_setting_kinds(probing.finetune_settings, "finetune settings")
-    parse_corruptions(data.corruptions)  # type: ignore[arg-type]  # names are checked before any loading
+    if data.corruptions_from is None:  # names are checked before any loading (released ones: below)
+        parse_corruptions(data.corruptions)  # type: ignore[arg-type]
     parse_severities(data.severities)  # type: ignore[arg-type]
     encoder, info = load_source(
         checkpoint, data.dataset, arch=src.arch, fmt=src.fmt, normalize=src.normalize, name=src.name
@@ -156,7 +161,14 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
         n_examples=data.n_examples,
         probe=probing.probe,
     )
-    settings = settings_for(parse_spec(dataset), data.transfer, data.shift, data.corruptions, data.severities)
+    settings = settings_for(
+        parse_spec(dataset),
+        data.transfer,
+        data.shift,
+        data.corruptions,
+        data.severities,
+        data.corruptions_from,
+    )
     all_rows: list[ResultRow] = []
     computed = 0
     out = Path(output.out)
@@ -197,6 +209,7 @@ def planned_identities(
     finetune_recipe: str = "uniform",
     loss: str | None = None,
     dual_bn: bool = False,
+    corruptions_from: str | None = None,
     **_: Any,
 ) -> list[dict[str, Any]]:
     """Identities of every row ``evaluate(checkpoint, dataset=dataset, **kwargs)`` writes, computed
@@ -210,7 +223,7 @@ def planned_identities(
     loaded, suites = load_suites(suite, setting_suites)
     kinds = parse_setting_kinds(finetune_settings, "finetune settings")
     fields = identity_fields(loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe)
-    settings = settings_for(dataset, transfer, shift, corruptions, severities)
+    settings = settings_for(dataset, transfer, shift, corruptions, severities, corruptions_from)
     check_recipe(finetune_recipe, alf, aff)
     plan = recipe_plan(
         finetune_recipe, protocol, settings, kinds, alf=alf, aff=aff, loss=loss, dual_bn=dual_bn

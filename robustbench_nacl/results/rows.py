@@ -74,9 +74,10 @@ IDENTITY = (
 )
 #: The finetuning protocol's settings (eval/finetune.py): an identity field only for ALF and AFF rows.
 FINETUNE = "finetune"
-# Identity fields only some rows have (corruption rows, ALF/AFF rows): part of the id where present,
+# Identity fields only some rows have (corruption rows, those read from a released corruption set,
+# ALF/AFF rows): part of the id where present,
 # so that every other row (SLF, the other settings) keeps the id it always had.
-OPTIONAL_IDENTITY = ("corruption", "severity", FINETUNE)
+OPTIONAL_IDENTITY = ("corruption", "severity", "corruption_source", FINETUNE)
 
 
 def _hash(obj: Any, n: int = 24) -> str:
