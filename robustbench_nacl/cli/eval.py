@@ -150,7 +150,7 @@ def run_eval(args: argparse.Namespace) -> int:
     summary = getattr(rows, "summary", None)
     print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
     if args.card and rows:
-        from ..eval.cards import card_of_rows, write_card
+        from ..hub.cards import card_of_rows, write_card
 
         path = Path(args.out) / "cards" / f"{rows[0]['checkpoint_id']}.json"
         print(f"model card: {write_card(path, card_of_rows(rows))}")
@@ -178,7 +178,9 @@ def _eval_source(args: argparse.Namespace) -> tuple[str, str | None]:
         if args.weights_from:
             raise UserError("--weights-from goes with --model NAME; a checkpoint path names its own weights")
         return args.checkpoint, None
-    from ..published import HEADS_DIR, checkpoint_dir, find_model
+    from ..eval.heads import HEADS_DIR
+    from ..hub.catalog import find_model
+    from ..hub.load import checkpoint_dir
 
     model = find_model(args.model)
     return str(checkpoint_dir(model, args.weights_from)), str(model.set_folder / HEADS_DIR)

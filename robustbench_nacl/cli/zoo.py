@@ -133,7 +133,7 @@ def _curve_label(entry: Any, dataset: bool) -> str:
 
 def _zoo_publish(args: argparse.Namespace) -> int:
     """Copy the trained, evaluated entries of --zoo into the package's published set (maintainers)."""
-    from ..publish import publish_zoo
+    from ..hub.release import publish_zoo
 
     if not args.zoo:
         raise UserError("zoo publish needs --zoo NAME: a published set is one zoo")
@@ -152,7 +152,7 @@ def _zoo_regenerate(args: argparse.Namespace) -> int:
 
 def _zoo_verify_submission(args: argparse.Namespace) -> int:
     """Recompute a sample of a submission's rows from its weights; exit 1 naming a row that disagrees."""
-    from ..submission import verify_submission
+    from ..hub.submission import verify_submission
 
     if len(args.ids) != 1:
         raise UserError(

@@ -1,7 +1,7 @@
 """``zoo verify``: recompute each trained entry's weights sha256 against its manifest and its zoo pin.
 
 An entry with no checkpoint under ``--out`` is verified from the package's published copy when it
-has one (``files/published/<zoo>/models/<id>/``, see :mod:`..published`): so on a fresh clone the
+has one (``files/published/<zoo>/models/<id>/``, see :mod:`..hub.catalog`): so on a fresh clone the
 committed reference weights are checked against their manifest, their model card and the zoo pin.
 """
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
-from .eval.cards import card_schema
-from .io import sha256_file
-from .models.checkpoint import WEIGHTS, read_manifest
-from .results.bits import decode_bits
-from .results.rows import ResultRow, load_rows, write_row
+from ..errors import UserError
+from ..io import sha256_file
+from ..models.checkpoint import WEIGHTS, read_manifest
+from ..results.bits import decode_bits
+from ..results.rows import ResultRow, load_rows, write_row
+from .cards import card_schema
 
 Group = tuple[str, str]  # (setting, dataset)
 
@@ -99,9 +99,9 @@ def _sample(groups: list[Group], k: int, seed: str) -> list[Group]:
 def _recompute(ckpt: Path, folder: Path, rows: list[ResultRow], chosen: list[Group], device: str) -> Path:
     """Evaluate the chosen settings into a fresh folder that already holds the other rows (so only
     the chosen ones are computed); returns that folder."""
-    from .attack.suites import load_suite
-    from .eval.evaluate import evaluate
-    from .eval.probe import ProbeConfig
+    from ..attack.suites import load_suite
+    from ..eval.evaluate import evaluate
+    from ..eval.probe import ProbeConfig
 
     first = rows[0]
     suite = load_suite(first["suite"])
