@@ -326,7 +326,7 @@ def test_verify_submission_accepts_a_genuine_one_and_rejects_a_tampered_row(
 def test_a_plugin_preset_is_not_in_the_reference_yet_instead_of_failing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from robustbench_nacl.hub.catalog import not_covered
+    from robustbench_nacl.hub.load import not_covered
     from robustbench_nacl.losses import PRESETS, register_preset
 
     name = "test_only_preset_for_coverage"

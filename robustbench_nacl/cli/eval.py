@@ -124,13 +124,22 @@ def _from_flags(args: argparse.Namespace) -> dict[str, Any]:
     from ..results.finetune import AffConfig, AlfConfig
 
     kw = {name: getattr(args, name) for name in _AS_GIVEN}
+    protocol = args.protocol or "slf"
+    finetune = {}
+    for name, cls in (("alf", AlfConfig), ("aff", AffConfig)):
+        finetune[name] = cls(**config_values(cls, args, prefix=f"{name}-"))
+        finetune[name].check()  # a bad value is refused even where the protocol is not run
+        given = finetune[name] != cls() and name not in protocol.split(",")
+        if given and not args.like_zoo:  # with --like-zoo, _like_zoo has refused the flag already
+            raise UserError(
+                f"--{name}-* flags set {name.upper()} settings: add --protocol {name}, or drop them"
+            )
     return {
         **kw,
-        "protocol": args.protocol or "slf",
+        "protocol": protocol,
         "transfer": _resolve_transfer(args),
         "probe": ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
-        "alf": AlfConfig(**config_values(AlfConfig, args, prefix="alf-")),
-        "aff": AffConfig(**config_values(AffConfig, args, prefix="aff-")),
+        **finetune,
         "setting_suites": _setting_suites(args.setting_suite),
     }
 
@@ -178,12 +187,11 @@ def _eval_source(args: argparse.Namespace) -> tuple[str, str | None]:
         if args.weights_from:
             raise UserError("--weights-from goes with --model NAME; a checkpoint path names its own weights")
         return args.checkpoint, None
-    from ..eval.heads import HEADS_DIR
     from ..hub.catalog import find_model
-    from ..hub.load import checkpoint_dir
+    from ..hub.load import checkpoint_dir, heads_dir
 
     model = find_model(args.model)
-    return str(checkpoint_dir(model, args.weights_from)), str(model.set_folder / HEADS_DIR)
+    return str(checkpoint_dir(model, args.weights_from)), str(heads_dir(model))
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:

@@ -197,7 +197,8 @@ def run_models(args: argparse.Namespace) -> int:
     """Print the published reference models with their headline numbers (or their cards as JSON)."""
     from tabulate import tabulate
 
-    from ..hub.catalog import not_covered, published_models, published_sets
+    from ..hub.catalog import published_models, published_sets
+    from ..hub.load import not_covered
 
     models = published_models(args.dataset)
     if not models:

@@ -190,6 +190,21 @@ def run_zoo(args: argparse.Namespace) -> int:
     return _ZOO_ACTIONS[args.action](args)
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (anything else is a one-line usage error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+        return value
+
+    return parse
+
+
 def zoo_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``zoo`` (every subcommand's, each saying which it is for)."""
     deterministic_flag(p)
@@ -225,13 +240,13 @@ def zoo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto (in a job: cuda, never cuda:N)")
     p.add_argument(
         "--sample-settings",
-        type=int,
+        type=_at_least(1),
         default=2,
         help="verify-submission: settings whose rows are recomputed (in-domain first; default: %(default)s)",
     )
     p.add_argument(
         "--tolerance",
-        type=int,
+        type=_at_least(0),
         default=0,
         help="verify-submission: attacked outcomes allowed to differ per 200 examples (another CPU's "
         "rounding; default: %(default)s, exact)",

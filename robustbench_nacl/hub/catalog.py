@@ -86,14 +86,6 @@ def coverage(set_name: str, root: str | Path | None = None) -> dict[str, Any]:
     return json.loads(((Path(root) if root else published_dir()) / set_name / "coverage.json").read_text())
 
 
-def not_covered(set_name: str, root: str | Path | None = None) -> list[str]:
-    """Registered presets (the package's and plugins') that a published set does not cover yet:
-    new presets are listed as "not in the published reference yet", never an error."""
-    from ..losses import PRESETS
-
-    return sorted(set(PRESETS.names()) - set(coverage(set_name, root)["presets"]))
-
-
 def model_rows(model: PublishedModel) -> list[ResultRow]:
     """The committed rows of one published model."""
     return [r for r in load_rows(model.set_folder) if r["checkpoint_sha256"] == model.weights_sha256]

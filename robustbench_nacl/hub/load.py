@@ -22,7 +22,7 @@ from ..eval.probe import ProbedClassifier
 from ..io import sha256_file
 from ..models.checkpoint import WEIGHTS
 from ..results.rows import ResultRow, protocol_name
-from .catalog import HEAD_PINS, PublishedModel, find_model, model_rows
+from .catalog import HEAD_PINS, PublishedModel, coverage, find_model, model_rows
 from .download import cached_download, check_url, sha_folder
 
 
@@ -78,6 +78,14 @@ def checkpoint_dir(model: PublishedModel, weights_from: str | Path | None = None
     return folder
 
 
+def not_covered(set_name: str, root: str | Path | None = None) -> list[str]:
+    """Registered presets (the package's and plugins') that a published set does not cover yet:
+    new presets are listed as "not in the published reference yet", never an error."""
+    from ..losses import PRESETS
+
+    return sorted(set(PRESETS.names()) - set(coverage(set_name, root)["presets"]))
+
+
 # ============ linear heads, pinned like the weights ============
 
 
@@ -124,6 +132,16 @@ def heads_problems(set_folder: Path, checkpoint_sha256: set[str] | None = None) 
     if checkpoint_sha256 is not None:  # files nobody pinned are everybody's problem
         keys = {k for k in keys if k not in pins or pins[k].get("checkpoint_sha256") in checkpoint_sha256}
     return [why for k in sorted(keys) if (why := head_problem(set_folder, k, pins))]
+
+
+def heads_dir(model: PublishedModel) -> Path:
+    """The model's set's heads folder for ``eval --model``, once every head in it matches its pin (the
+    evaluation may attack any of them: the model's, or its control's with ``--control``)."""
+    problems = heads_problems(model.set_folder)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"the linear heads of {model.set!r}: {problems[0]}{more}")
+    return model.set_folder / HEADS_DIR
 
 
 def protocol_row(model: PublishedModel, protocol: str | None) -> ResultRow:
