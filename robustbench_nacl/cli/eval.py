@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..io import refuse_reference_dir
-from .common import DEFAULT_RESULTS, deterministic_flag, protocol_arg
+from .common import DEFAULT_RESULTS, check_data_root, deterministic_flag, protocol_arg
 from .flags import add_config_flags, config_values
 
 
@@ -69,15 +69,40 @@ _ZOO_SETS = {
 }
 
 
-def _checkpoint_id(args: argparse.Namespace) -> str | None:
-    """The zoo entry id of what ``eval`` evaluates: a published model's name, or the id in a
-    checkpoint folder's manifest (None where it has none or cannot be read: the checks come later)."""
+def _manifest_field(args: argparse.Namespace, key: str) -> str | None:
+    """A field of the manifest of what ``eval`` evaluates (a published model's, or a checkpoint
+    folder's; None where it has none or cannot be read: the checks come later)."""
     if args.model is not None:
-        return args.model
+        from ..hub.catalog import find_model
+
+        folder = find_model(args.model).folder
+    else:
+        folder = Path(args.checkpoint or "")
     try:
-        return json.loads((Path(args.checkpoint) / "manifest.json").read_text()).get("id")
+        value = json.loads((folder / "manifest.json").read_text()).get(key)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+    return None if value is None else str(value)
+
+
+def _checkpoint_id(args: argparse.Namespace) -> str | None:
+    """The zoo entry id of what ``eval`` evaluates: a published model's name, or the id in a
+    checkpoint folder's manifest."""
+    return args.model if args.model is not None else _manifest_field(args, "id")
+
+
+def _same_data(args: argparse.Namespace, zoo_dataset: str) -> None:
+    """``--like-zoo`` evaluates on the zoo's dataset: refuse an encoder pretrained on another one (its
+    rows would not rank beside the zoo's), unless ``--dataset`` says to evaluate it there anyway."""
+    mine = _manifest_field(args, "dataset")
+    if args.dataset or mine is None:
+        return
+    base = {d.split("@")[0].split(":")[0] for d in (mine, zoo_dataset)}
+    if len(base) > 1:
+        raise UserError(
+            f"--like-zoo {args.like_zoo} evaluates on {zoo_dataset}, but this encoder was pretrained on "
+            f"{mine}: pass --dataset {zoo_dataset} to evaluate it there all the same, or a zoo of {mine}"
+        )
 
 
 def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,6 +136,7 @@ def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
     entry = next((e for e in entries if e.id == own), None) or next(
         (e for e in entries if e.seed == (args.seed or 0)), entries[0]
     )
+    _same_data(args, entry.dataset)
     kw = eval_arguments(entry if args.seed is None else replace(entry, seed=args.seed))  # its "seed" too
     kw["dataset"] = args.dataset or entry.dataset
     kw["protocol"] = args.protocol or kw["protocol"]
@@ -149,6 +175,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..eval.evaluate import evaluate
 
     refuse_reference_dir(args.out)
+    check_data_root(args.data_root)
     zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
     args.seed = 0 if args.seed is None else args.seed  # without --like-zoo; with it, zoo_kw's seed wins
     checkpoint, heads = _eval_source(args)
