@@ -69,9 +69,9 @@ _ZOO_SETS = {
 }
 
 
-def _manifest_field(args: argparse.Namespace, key: str) -> str | None:
-    """A field of the manifest of what ``eval`` evaluates (a published model's, or a checkpoint
-    folder's; None where it has none or cannot be read: the checks come later)."""
+def _manifest(args: argparse.Namespace) -> dict[str, Any]:
+    """The manifest of what ``eval`` evaluates (a published model's, or a checkpoint folder's; {}
+    where there is none or it cannot be read: the checks come later)."""
     if args.model is not None:
         from ..hub.catalog import find_model
 
@@ -79,9 +79,15 @@ def _manifest_field(args: argparse.Namespace, key: str) -> str | None:
     else:
         folder = Path(args.checkpoint or "")
     try:
-        value = json.loads((folder / "manifest.json").read_text()).get(key)
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _manifest_field(args: argparse.Namespace, key: str) -> str | None:
+    """One field of :func:`_manifest`, as a string (None where it is absent)."""
+    value = _manifest(args).get(key)
     return None if value is None else str(value)
 
 
@@ -186,10 +192,11 @@ def run_eval(args: argparse.Namespace) -> int:
     summary = getattr(rows, "summary", None)
     print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
     if args.card and rows:
-        from ..hub.cards import card_of_rows, write_card
+        from ..hub.cards import bn_branch, card_of_rows, write_card
 
         path = Path(args.out) / "cards" / f"{rows[0]['checkpoint_id']}.json"
-        print(f"model card: {write_card(path, card_of_rows(rows))}")
+        card = card_of_rows(rows, bn_branch=bn_branch(_manifest(args)))
+        print(f"model card: {write_card(path, card)}")
     return 0
 
 

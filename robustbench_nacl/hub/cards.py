@@ -60,6 +60,15 @@ def headline(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def bn_branch(manifest: Mapping[str, Any]) -> str | None:
+    """Which BatchNorm branch a checkpoint is evaluated through: ``"adv"`` or ``"clean"`` for a dual-BN
+    encoder (ACL and DynACL evaluate the adversarial one, as their authors do; the other costs them
+    points of clean accuracy), None for one BatchNorm per layer."""
+    if not manifest.get("dual_bn"):
+        return None
+    return str(manifest.get("eval_bn_route") or "clean")
+
+
 def build_card(
     rows: Iterable[Mapping[str, Any]],
     *,
@@ -67,6 +76,7 @@ def build_card(
     architecture: str,
     dataset: str,
     weights_sha256: str | None = None,
+    bn_branch: str | None = None,
     authors: str = "",
     venue: str = "",
     link: str | None = None,
@@ -77,7 +87,8 @@ def build_card(
     """A card from the rows of one model under one protocol (one setting: in-domain for a zoo model).
 
     ``eps`` and ``autoattack_acc`` are AutoAttack's when the rows hold an AutoAttack row (at its
-    largest epsilon), else ``autoattack_acc`` is null and ``eps`` is the headline's.
+    largest epsilon), else ``autoattack_acc`` is null and ``eps`` is the headline's. ``bn_branch``:
+    the BatchNorm branch a dual-BN encoder was evaluated through (:func:`bn_branch`).
     """
     rows = list(rows)
     top = headline_row(rows)
@@ -102,6 +113,7 @@ def build_card(
         "threat_model": top["norm"],
         "loss": {"family": loss, "params": first.get("loss_params")} if loss else None,
         "encoder": first.get("encoder"),
+        "bn_branch": bn_branch,
         "recipe_id": first.get("recipe_id"),
         "protocol_id": top.get("protocol_id"),
         "headline": {"SLF": headline(top), "ALF": None, "AFF": None},

@@ -25,7 +25,7 @@ from ..packaged import published_dir
 from ..pipeline import control_id, expected_rows
 from ..results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
 from ..zoo import ZooEntry, checkpoint_dir, write_entry
-from .cards import card_of_rows, write_card
+from .cards import bn_branch, card_of_rows, write_card
 from .catalog import CARD, HEAD_PINS, MODELS_DIR
 
 #: The trainer's per-epoch log (kNN and quick-probe accuracy): published beside the weights.
@@ -85,7 +85,15 @@ def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: P
         shutil.copyfile(src / LOG, dest / LOG)
     write_json_atomic(dest / "manifest.json", {**manifest, "weights": WEIGHTS})
     reported = json.loads((published_dir() / "paper_reported.json").read_text()).get(entry.loss, [])
-    card = card_of_rows(rows, name=entry.id, authors=AUTHORS, venue="", link=None, paper_reported=reported)
+    card = card_of_rows(
+        rows,
+        name=entry.id,
+        authors=AUTHORS,
+        venue="",
+        link=None,
+        paper_reported=reported,
+        bn_branch=bn_branch(manifest),
+    )
     write_card(dest / CARD, card)
     return card
 
