@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..io import refuse_reference_dir
 from .common import DEFAULT_RESULTS, check_data_root, deterministic_flag, protocol_arg
 from .flags import add_config_flags, config_values
+
+if TYPE_CHECKING:
+    from ..eval.config import EvalConfig
 
 
 def _resolve_transfer(args: argparse.Namespace) -> str | None:
@@ -185,8 +188,8 @@ def run_eval(args: argparse.Namespace) -> int:
     zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
     args.seed = 0 if args.seed is None else args.seed  # without --like-zoo; with it, zoo_kw's seed wins
     checkpoint, heads = _eval_source(args)
-    kw = _from_flags(args) | zoo_kw
-    rows = evaluate(checkpoint, heads=heads, fmt=args.format, progress=not args.no_progress, **kw)
+    config = _eval_config(args, _from_flags(args) | zoo_kw, heads)
+    rows = evaluate(checkpoint, config)
     _print_rows(rows)
     # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
     summary = getattr(rows, "summary", None)
@@ -198,6 +201,50 @@ def run_eval(args: argparse.Namespace) -> int:
         card = card_of_rows(rows, bn_branch=bn_branch(_manifest(args)))
         print(f"model card: {write_card(path, card)}")
     return 0
+
+
+def _eval_config(args: argparse.Namespace, kw: dict[str, Any], heads: str | None) -> EvalConfig:
+    """The typed :class:`EvalConfig` of ``eval``: the flags' values (``kw``: evaluate()'s names, with
+    ``--like-zoo``'s in place of the flags it sets), group by group."""
+    from ..eval.config import (
+        AttackOptions,
+        DataOptions,
+        EvalConfig,
+        OutputOptions,
+        ProbeOptions,
+        SourceOptions,
+    )
+
+    return EvalConfig(
+        data=DataOptions(
+            dataset=kw["dataset"],
+            transfer=kw["transfer"],
+            shift=kw["shift"],
+            corruptions=kw["corruptions"],
+            severities=kw["severities"],
+            n_examples=kw["n_examples"],
+            data_root=kw["data_root"],
+        ),
+        source=SourceOptions(
+            arch=kw["arch"], fmt=args.format, normalize=kw["normalize"], control=kw["control"]
+        ),
+        probe=ProbeOptions(
+            probe=kw["probe"],
+            protocol=kw["protocol"],
+            alf=kw["alf"],
+            aff=kw["aff"],
+            heads=heads,
+            finetune_settings=kw["finetune_settings"],
+        ),
+        attack=AttackOptions(
+            suite=kw["suite"], batch_size=kw["batch_size"], setting_suites=kw["setting_suites"]
+        ),
+        output=OutputOptions(
+            out=kw["out"], force=kw["force"], save_heads=kw["save_heads"], progress=not args.no_progress
+        ),
+        seed=kw["seed"],
+        device=kw["device"],
+    )
 
 
 def _setting_suites(pairs: list[str] | None) -> dict[str, str] | None:
