@@ -277,3 +277,41 @@ def test_zoo_verify_reports_a_damaged_card_as_changed(
     assert rc == 1 and "Traceback" not in err, err
     line = next(line for line in out.splitlines() if NAME in line)
     assert line.startswith("changed") and why in line, line
+
+
+# ============ the smaller CLI edges of issue 36 ============
+
+
+def test_a_failed_leaderboard_leaves_no_empty_out_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "board"
+    rc, _, err = cli(["leaderboard", "--rows", str(tmp_path / "none"), "--out", str(out)], capsys)
+    one_line_error(rc, err, command="leaderboard")
+    assert not out.exists()
+
+
+def test_rows_naming_a_file_says_it_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "r.json").write_text("{}")
+    rc, _, err = cli(
+        ["leaderboard", "--rows", str(tmp_path / "r.json"), "--out", str(tmp_path / "b")], capsys
+    )
+    one_line_error(rc, err, "is a file, not a rows directory", command="leaderboard")
+
+
+def test_like_zoo_of_another_dataset_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o"
+    rc, _, err = cli(["eval", "--model", NAME, "--like-zoo", "fashion-mnist", "--out", str(out)], capsys)
+    one_line_error(rc, err, "evaluates on fashion-mnist", "pretrained on digits:0-4", command="eval")
+    assert not out.exists()
+
+
+def test_models_lists_the_bn_branch_and_every_card_has_one(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = cli(["models"], capsys)
+    assert rc == 0 and "BN branch" in out.splitlines()[0]
+    acl = next(line for line in out.splitlines() if ".acl_fashion-mnist" in line)
+    assert "| adv " in acl, acl
+    for m in catalog.published_models():
+        manifest = json.loads((m.folder / "manifest.json").read_text())
+        want = (manifest.get("eval_bn_route") or "clean") if manifest.get("dual_bn") else None
+        assert m.card["bn_branch"] == want, m.name
