@@ -141,6 +141,10 @@ HOSTILE: dict[str, tuple[Callable[[Path, str, Path], None], tuple[str, ...]]] = 
         lambda s, u, o: os.truncate((s / "rows" / "x.json").open("w").name, 17 << 20),
         ("is over 16 MB",),
     ),
+    "a row pack (a gzip could unpack to any size)": (
+        lambda s, u, o: (s / "rows" / "rows.jsonl.gz").write_bytes(b"\x1f\x8b"),
+        ("rows/ holds the *.json row files",),
+    ),
     "no rows/": (lambda s, u, o: shutil.rmtree(s / "rows"), ("has no rows/",)),
     "no heads/": (lambda s, u, o: shutil.rmtree(s / "heads"), ("has no heads/", "--save-heads")),
     "a row without clean_bits": (_row_bits_removed, ("no readable per-example outcomes",)),

@@ -47,7 +47,7 @@ def check_url(url: str, what: str = "the URL") -> str:
     if parts.scheme.lower() not in SCHEMES or not parts.netloc:
         raise UserError(
             f"{what} {url[:120]!r}: only http:// and https:// URLs are downloaded (a file:// or other "
-            "scheme could read any local file); put local weights in the submission's checkpoint/ folder"
+            "scheme could read any local file); give local weights as a folder, not a URL"
         )
     return url
 

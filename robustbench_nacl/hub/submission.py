@@ -56,7 +56,8 @@ def check_tree(folder: Path) -> None:
     """Refuse a submission that could make the check read outside it or without end: a symbolic link
     anywhere (even one pointing inside: a link can be re-aimed between the check and the read), a
     file that is not a regular file (a FIFO, a device such as /dev/zero), a row or card over
-    :data:`MAX_SMALL_FILE`, or a missing ``checkpoint/``, ``rows/`` or ``heads/``."""
+    :data:`MAX_SMALL_FILE`, anything in ``rows/`` but row files, or a missing ``checkpoint/``,
+    ``rows/`` or ``heads/``."""
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder: pass the submission folder (CONTRIBUTING.md)")
     for root, dirs, files in os.walk(folder, followlinks=False):
@@ -67,6 +68,9 @@ def check_tree(folder: Path) -> None:
                 raise UserError(f"{path} is a symbolic link: a submission holds its own files, copy them in")
             if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
                 raise UserError(f"{path} is not a regular file (a device, FIFO or socket): remove it")
+            if Path(root) == folder / "rows" and not name.endswith(".json"):
+                # eval writes one JSON file per row; a packed or compressed file could unpack to any size
+                raise UserError(f"{path}: rows/ holds the *.json row files `eval` writes, nothing else")
             is_weights = path.suffix == ".safetensors" and Path(root).name == "checkpoint"
             if stat.S_ISREG(mode) and not is_weights and path.lstat().st_size > MAX_SMALL_FILE:
                 raise UserError(
@@ -102,7 +106,7 @@ def _read_card(folder: Path) -> dict[str, Any]:
 
 
 def _weights(folder: Path, card: dict[str, Any]) -> Path:
-    """The submission's checkpoint folder, with its weights (downloaded from weights_url if absent).
+    """The submission's weights file (downloaded from weights_url if absent), beside its manifest.
 
     A download goes to the cache under the card's sha256, with a name chosen here (never the
     manifest's ``weights``, which read_manifest has checked is a plain file name), from an http(s)
