@@ -94,13 +94,17 @@ def run_jobs(
 # ============ one entry ============
 
 
-def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progress: bool = False) -> str:
-    """Train one entry into ``ckpts/<id>`` (resuming a killed run; a trained one is left alone)."""
+def train_entry(
+    entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progress: bool = False
+) -> str | None:
+    """Train one entry into ``ckpts/<id>`` (resuming a killed run; a trained one is left alone).
+    Returns its id when this call trained it, None when it was trained already (or by another process
+    while this one waited for the lock), so that nobody reports work another process did."""
     from .training import train
 
     d = checkpoint_dir(entry, ckpts)
     if is_trained(entry, ckpts):
-        return entry.id
+        return None
     import torch.distributed as dist
 
     # another process training this entry into the same folder: wait for it, then use its checkpoint
@@ -109,7 +113,7 @@ def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progres
     lock = contextlib.nullcontext() if ddp else advisory_lock(ckpts, entry.id, f"the training of {entry.id}")
     with lock:
         if is_trained(entry, ckpts):
-            return entry.id
+            return None
         # the monitor (kNN, and the quick probe with monitor_probe) at initialisation and every
         # monitor_every epochs (default: after the last only); it does not change the weights or ids.
         # A DeACL entry: its teacher entry's checkpoint under ckpts (one line if it is not trained yet)
@@ -164,9 +168,10 @@ def eval_entry(
     device: str = "cpu",
     control: bool = False,
     progress: bool = False,
-) -> int:
+) -> int | None:
     """Evaluate a trained entry (or its random-init control) as its manifest says (:func:`eval_arguments`);
-    rows go to ``out/rows``, the fitted linear heads to ``out/heads``."""
+    rows go to ``out/rows``, the fitted linear heads to ``out/heads``. Returns the number of rows, or
+    None when every row existed already (another process computed them while this one waited)."""
     from .eval.evaluate import evaluate
 
     args = eval_arguments(entry, control)
@@ -178,7 +183,7 @@ def eval_entry(
         save_heads=True,  # the fitted probes beside the rows (out/heads/): what publishing a model ships
         **args,
     )
-    return len(rows)
+    return len(rows) if rows.computed else None
 
 
 def with_protocol(entries: list[ZooEntry], protocol: str) -> list[ZooEntry]:
@@ -352,6 +357,7 @@ class ZooRun:
     train_s: float
     eval_s: float
     superseded: int = 0  # rows no manifest asks for any more, moved to SUPERSEDED_DIR
+    waited: int = 0  # trainings and evaluations another process finished while this one waited
 
 
 def run_entries(
@@ -378,19 +384,22 @@ def run_entries(
     pool = make_pool(workers, device)
     try:
         untrained = [e for e in need.values() if not is_trained(e, ckpts)]
-        train_jobs = []
+        trained: list[str | None] = []
         for n, wave in enumerate(training_waves(untrained, entries, ckpts), 1):
             jobs = [(e, str(ckpts), device) for e in wave]
-            run_jobs(pool, jobs, train_entry, f"train ({len(jobs)} of {len(entries)}, stage {n})", progress)
-            train_jobs += jobs
+            desc = f"train ({len(jobs)} of {len(entries)}, stage {n})"
+            trained += run_jobs(pool, jobs, train_entry, desc, progress)
         t_train = time.perf_counter() - t0
         jobs = []
         for protocol in PROTOCOLS:  # every SLF job (entries, then controls) before any ALF job, ...
             jobs += [(e, str(ckpts), str(out), device, False) for e in todo if e.eval["protocol"] == protocol]
             jobs += [(e, str(ckpts), str(out), device, True) for e in ctl if e.eval["protocol"] == protocol]
-        run_jobs(pool, jobs, eval_entry, f"evaluate ({len(jobs)} jobs)", progress)
+        evaluated = run_jobs(pool, jobs, eval_entry, f"evaluate ({len(jobs)} jobs)", progress)
     finally:
         if pool is not None:
             pool.shutdown()
     skipped = len(entries) - len({e.id for e in todo})
-    return ZooRun(len(train_jobs), len(jobs), skipped, t_train, time.perf_counter() - t0 - t_train, stale)
+    done_here = sum(r is not None for r in trained), sum(r is not None for r in evaluated)
+    waited = len(trained) + len(evaluated) - sum(done_here)
+    t_eval = time.perf_counter() - t0 - t_train
+    return ZooRun(*done_here, skipped, t_train, t_eval, stale, waited)

@@ -20,9 +20,16 @@ def rendering(folder: str | Path) -> Iterator[None]:
     first (only renders write files at the folder's top level: rows live in its rows/)."""
     from ..locks import advisory_lock, remove_temporaries, sweep
 
-    with advisory_lock(folder, "leaderboard", f"the leaderboard in {folder}"):
-        remove_temporaries(folder)
-        yield
+    fresh = not Path(folder).exists()
+    try:
+        with advisory_lock(folder, "leaderboard", f"the leaderboard in {folder}"):
+            remove_temporaries(folder)
+            yield
+    except BaseException:
+        if fresh:  # a failed first render leaves no empty folder behind (rmdir: only if it is empty)
+            with contextlib.suppress(OSError):
+                Path(folder).rmdir()
+        raise
     sweep(folder)  # locks of killed evaluations whose rows another run then completed
 
 

@@ -166,6 +166,16 @@ def _check_common(cfg: FinetuneConfig) -> None:
         v = getattr(cfg, k)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise UserError(f"{name} {k.replace('_', '-')} {v!r}: must be a finite number >= 0")
+    # eps and the step are in [0,1] pixel units (as a suite's, which refuses eps 1.5); SGD momentum
+    # of 1 or more never decays a past gradient: both are typos, not settings
+    for k in ("eps", "step_size"):
+        v = getattr(cfg, k)
+        if v is not None and isinstance(v, (int, float)) and v > 1:
+            raise UserError(
+                f"{name} {k.replace('_', '-')} {v!r}: must be <= 1 ([0,1] pixel units; 8/255 = 0.0314)"
+            )
+    if isinstance(cfg.momentum, (int, float)) and cfg.momentum >= 1:
+        raise UserError(f"{name} momentum {cfg.momentum!r}: must be in [0, 1) (SGD momentum)")
     mt = cfg.max_train
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
         raise UserError(f"{name} max-train {mt!r}: must be an integer >= 1 (or unset)")

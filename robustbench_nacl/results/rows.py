@@ -376,6 +376,8 @@ def load_rows(directory: str | Path) -> list[ResultRow]:
     re-run their evaluations.
     """
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise UserError(f"{d} is a file, not a rows directory: pass the --out folder of `eval` (its rows/)")
     if not d.is_dir():
         raise UserError(f"rows directory {d} does not exist; run `robustbench-nacl eval ... --out {d}` first")
     base = d / ROWS_DIR if (d / ROWS_DIR).is_dir() else d
