@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from common import interleaved, log, median, rounded
 
-PRESETS = ("simclr", "adv", "acl", "rocl", "dynacl", "deacl")
+PRESETS = ("simclr", "adv", "acl", "rocl", "dynacl", "deacl", "acl_air", "dynacl_air")
 
 
 def _step(preset: str, pool: torch.Tensor, batch: int, overrides: dict[str, Any]) -> Any:
@@ -85,7 +85,15 @@ def run(args: Any) -> dict[str, Any]:
             "data": f"digits train images (1x8x8 uint8), batch {batch}",
             "median_s": {k: round(v, 4) for k, v in med.items()},
             "raw_s": {k: rounded(v) for k, v in times.items()},
-            "attack_steps": {"acl": 5, "dynacl": 5, "rocl": 7, "deacl": 5, "adv": "1 (FGSM)"},
+            "attack_steps": {
+                "acl": 5,
+                "dynacl": 5,
+                "rocl": 7,
+                "deacl": 5,
+                "acl_air": 5,
+                "dynacl_air": 5,
+                "adv": "1 (FGSM)",
+            },
             "precision": "fp32",
             "method": "TrainStep of each preset, same process and images, contenders alternated",
         },

@@ -40,8 +40,8 @@ _LAZY = {
     "create_encoder": "models.factory",
     "register_encoder": "models.encoders",
     "load_encoder": "models.foreign",
-    "load_model": "published",
-    "published_models": "published",
+    "load_model": "hub.load",
+    "published_models": "hub.catalog",
     "render_leaderboard": "report.leaderboard",
     "ResultRow": "results.rows",
     "load_rows": "results.rows",
@@ -63,11 +63,12 @@ if TYPE_CHECKING:  # what the names are, for readers and type checkers; nothing 
     )
     from .eval.evaluate import evaluate
     from .eval.probe import ProbeConfig, fit_linear_probe
+    from .hub.catalog import published_models
+    from .hub.load import load_model
     from .losses import list_presets, pair_loss, register_pair_loss, register_preset, resolve
     from .models.encoders import register_encoder
     from .models.factory import create_encoder
     from .models.foreign import load_encoder
-    from .published import load_model, published_models
     from .report.leaderboard import render_leaderboard
     from .results.finetune import AffConfig, AlfConfig
     from .results.rows import ResultRow, load_rows

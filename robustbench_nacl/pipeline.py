@@ -94,13 +94,17 @@ def run_jobs(
 # ============ one entry ============
 
 
-def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progress: bool = False) -> str:
-    """Train one entry into ``ckpts/<id>`` (resuming a killed run; a trained one is left alone)."""
+def train_entry(
+    entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progress: bool = False
+) -> str | None:
+    """Train one entry into ``ckpts/<id>`` (resuming a killed run; a trained one is left alone).
+    Returns its id when this call trained it, None when it was trained already (or by another process
+    while this one waited for the lock), so that nobody reports work another process did."""
     from .training import train
 
     d = checkpoint_dir(entry, ckpts)
     if is_trained(entry, ckpts):
-        return entry.id
+        return None
     import torch.distributed as dist
 
     # another process training this entry into the same folder: wait for it, then use its checkpoint
@@ -109,7 +113,7 @@ def train_entry(entry: ZooEntry, ckpts: str | Path, device: str = "cpu", progres
     lock = contextlib.nullcontext() if ddp else advisory_lock(ckpts, entry.id, f"the training of {entry.id}")
     with lock:
         if is_trained(entry, ckpts):
-            return entry.id
+            return None
         # the monitor (kNN, and the quick probe with monitor_probe) at initialisation and every
         # monitor_every epochs (default: after the last only); it does not change the weights or ids.
         # A DeACL entry: its teacher entry's checkpoint under ckpts (one line if it is not trained yet)
@@ -164,9 +168,10 @@ def eval_entry(
     device: str = "cpu",
     control: bool = False,
     progress: bool = False,
-) -> int:
+) -> int | None:
     """Evaluate a trained entry (or its random-init control) as its manifest says (:func:`eval_arguments`);
-    rows go to ``out/rows``, the fitted linear heads to ``out/heads``."""
+    rows go to ``out/rows``, the fitted linear heads to ``out/heads``. Returns the number of rows, or
+    None when every row existed already (another process computed them while this one waited)."""
     from .eval.evaluate import evaluate
 
     args = eval_arguments(entry, control)
@@ -178,7 +183,7 @@ def eval_entry(
         save_heads=True,  # the fitted probes beside the rows (out/heads/): what publishing a model ships
         **args,
     )
-    return len(rows)
+    return len(rows) if rows.computed else None
 
 
 def with_protocol(entries: list[ZooEntry], protocol: str) -> list[ZooEntry]:
@@ -233,12 +238,27 @@ def row_key(identity: dict[str, Any]) -> str:
     return row_id({**identity, "checkpoint_sha256": None})
 
 
-def row_keys(entry: ZooEntry) -> frozenset[str]:
+def row_keys(entry: ZooEntry, control: bool = False) -> frozenset[str]:
     """The keys (:func:`row_key`) of every row a complete evaluation of ``entry`` (or of its control,
-    which has the same protocol) writes, from the identity function ``evaluate`` itself uses."""
+    which has the same protocol) writes, from the identity function ``evaluate`` itself uses. The
+    entry's own rows also depend on its loss family and dual BatchNorm (AFF on a dual-BN encoder is
+    dual-BN TRADES, a different identity); the control is a plain single-BN network."""
     from .eval.evaluate import planned_identities
 
-    return frozenset(row_key(i) for i in planned_identities(entry.dataset, **eval_arguments(entry)))
+    facts = {} if control else _checkpoint_facts(entry)
+    return frozenset(row_key(i) for i in planned_identities(entry.dataset, **eval_arguments(entry), **facts))
+
+
+def _checkpoint_facts(entry: ZooEntry) -> dict[str, Any]:
+    """What the rows' identities need of the entry's checkpoint: its loss family and whether it has
+    dual BatchNorm (as training.manifest decides: an adversarial objective with ``dual_bn``)."""
+    from .losses import needs, resolve
+
+    try:
+        params = resolve(entry.loss, dict(entry.overrides))
+    except UserError:  # a plugin loss not loaded here: its rows are planned as single-BN
+        return {"loss": entry.loss}
+    return {"loss": entry.loss, "dual_bn": bool(needs(params).adversarial and params.dual_bn)}
 
 
 def expected_rows(entry: ZooEntry) -> int:
@@ -262,7 +282,7 @@ def rows_done(out: str | Path) -> dict[str, set[str]]:
 def is_complete(entry: ZooEntry, done: dict[str, set[str]], control: bool = False) -> bool:
     """Whether every row the entry's manifest asks for (of the entry, or of its control) is in ``done``:
     rows of another protocol (n_examples, suite, probe, ...) do not count."""
-    return row_keys(entry) <= done.get(control_id(entry) if control else entry.id, set())
+    return row_keys(entry, control) <= done.get(control_id(entry) if control else entry.id, set())
 
 
 def superseded_rows(entries: Iterable[ZooEntry], out: str | Path, controls: bool = True) -> list[Path]:
@@ -274,7 +294,7 @@ def superseded_rows(entries: Iterable[ZooEntry], out: str | Path, controls: bool
     for e in entries:
         wanted.setdefault(e.id, set()).update(row_keys(e))
         if controls:
-            wanted.setdefault(control_id(e), set()).update(row_keys(e))
+            wanted.setdefault(control_id(e), set()).update(row_keys(e, control=True))
     stale = []
     for path in sorted((Path(out) / "rows").glob("*.json")):
         row = read_valid_row(path, path.stem)
@@ -337,6 +357,7 @@ class ZooRun:
     train_s: float
     eval_s: float
     superseded: int = 0  # rows no manifest asks for any more, moved to SUPERSEDED_DIR
+    waited: int = 0  # trainings and evaluations another process finished while this one waited
 
 
 def run_entries(
@@ -363,19 +384,22 @@ def run_entries(
     pool = make_pool(workers, device)
     try:
         untrained = [e for e in need.values() if not is_trained(e, ckpts)]
-        train_jobs = []
+        trained: list[str | None] = []
         for n, wave in enumerate(training_waves(untrained, entries, ckpts), 1):
             jobs = [(e, str(ckpts), device) for e in wave]
-            run_jobs(pool, jobs, train_entry, f"train ({len(jobs)} of {len(entries)}, stage {n})", progress)
-            train_jobs += jobs
+            desc = f"train ({len(jobs)} of {len(entries)}, stage {n})"
+            trained += run_jobs(pool, jobs, train_entry, desc, progress)
         t_train = time.perf_counter() - t0
         jobs = []
         for protocol in PROTOCOLS:  # every SLF job (entries, then controls) before any ALF job, ...
             jobs += [(e, str(ckpts), str(out), device, False) for e in todo if e.eval["protocol"] == protocol]
             jobs += [(e, str(ckpts), str(out), device, True) for e in ctl if e.eval["protocol"] == protocol]
-        run_jobs(pool, jobs, eval_entry, f"evaluate ({len(jobs)} jobs)", progress)
+        evaluated = run_jobs(pool, jobs, eval_entry, f"evaluate ({len(jobs)} jobs)", progress)
     finally:
         if pool is not None:
             pool.shutdown()
     skipped = len(entries) - len({e.id for e in todo})
-    return ZooRun(len(train_jobs), len(jobs), skipped, t_train, time.perf_counter() - t0 - t_train, stale)
+    done_here = sum(r is not None for r in trained), sum(r is not None for r in evaluated)
+    waited = len(trained) + len(evaluated) - sum(done_here)
+    t_eval = time.perf_counter() - t0 - t_train
+    return ZooRun(*done_here, skipped, t_train, t_eval, stale, waited)

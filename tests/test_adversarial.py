@@ -311,6 +311,13 @@ def test_dynacl_schedule_is_the_authors(epochs: int, frac: float) -> None:
         ("acl", {"eval_bn": "aux"}, "eval_bn"),
         ("rocl", {"rocl_lamda": 0}, "rocl_lamda"),
         ("dynacl", {"reload_frac": 0}, "reload_frac"),
+        ("dynacl", {"acl_mode": "a2a"}, "set momentum=0"),
+        ("dynacl", {"momentum": 1.5}, "momentum"),
+        ("rocl", {"dual_bn": True}, "one BatchNorm"),
+        ("rocl", {"rocl_gradient": "half"}, "rocl_gradient"),
+        ("deacl", {"student_init": "copy"}, "student_init"),
+        ("acl_air", {"air_form": "js"}, "air_form"),
+        ("dynacl_air", {"air_lambda2": -1}, "air_lambda2"),
         ("acl", {"attack_epsilon": 0.1}, "has no parameter"),
     ],
 )

@@ -364,3 +364,74 @@ def test_deacl_student_starts_as_the_teacher_and_steps_as_the_authors(teacher_di
     want = deacl_authors_step(ref, teacher, x, starts([x], 8 / 255, seed=3)[0])
     torch.testing.assert_close(loss.detach(), want, rtol=1e-9, atol=0)
     assert_same_state(model, ref)
+
+
+# ============ AIR ============
+
+
+def authors_air_loss(zi, zj, z_orig, zi_adv, zj_adv, weight, t=0.5, lambda1=0.5, lambda2=0.5):  # type: ignore[no-untyped-def]
+    """``AIR_Loss.forward`` of ``AIR.py``, transcribed (their ``F.kl_div`` calls included)."""
+    bs = zi.shape[0]
+    mask = torch.ones((bs, bs), dtype=bool).fill_diagonal_(0)
+    zi, zj, zo, za, zb = (F.normalize(z, p=2, dim=-1) for z in (zi, zj, z_orig, zi_adv, zj_adv))
+
+    def contrastive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ii, ij, ji, jj = a @ a.t() / t, a @ b.t() / t, b @ a.t() / t, b @ b.t() / t
+        pos = torch.cat((ij[~mask], ji[~mask])).unsqueeze(1)
+        neg_i = torch.cat((ii[mask].reshape(bs, -1), ij[mask].reshape(bs, -1)), dim=1)
+        neg_j = torch.cat((ji[mask].reshape(bs, -1), jj[mask].reshape(bs, -1)), dim=1)
+        logits = torch.cat((pos, torch.cat((neg_i, neg_j), dim=0)), dim=1)
+        return F.cross_entropy(logits, torch.zeros(2 * bs, dtype=torch.long))
+
+    nat, adv = contrastive(zi, zj), contrastive(za, zb)
+    probs_io_zi = F.softmax((zi @ zo.t() / t)[~mask], -1)
+    probs_jo_zj = F.log_softmax((zj @ zo.t() / t)[~mask], -1)
+    sir = F.kl_div(probs_io_zi, probs_jo_zj, log_target=True, reduction="sum")
+    consis_i = F.softmax((za @ zi.t() / t)[~mask], -1)
+    consis_j = F.softmax((zb @ zj.t() / t)[~mask], -1)
+    probs_i = torch.mul(F.softmax((za @ zo.t() / t)[~mask], -1), consis_i)
+    probs_j = torch.mul(F.softmax((zb @ zo.t() / t)[~mask], -1), consis_j)
+    air = F.kl_div(probs_i, torch.log(probs_j), log_target=True, reduction="sum")
+    return nat * (1 - weight) + adv * (1 + weight) + lambda1 * sir + lambda2 * air
+
+
+def air_authors_step(model: nn.Module, v1, v2, orig, start, weight: float) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """``pretraining.py --ACL_DS``: ACL's PGD, then the adversarial, clean and original forwards."""
+    inputs = interleave(v1, v2)
+
+    def eval_pgd(x: torch.Tensor) -> torch.Tensor:
+        set_bn(model, "pgd")
+        return model.eval()(x)
+
+    inputs_adv = pgd_contrastive(eval_pgd, inputs, interleave(*start))
+    set_bn(model, "pgd")
+    features_adv = model.train()(inputs_adv)
+    set_bn(model, "normal")
+    features = model.train()(inputs)
+    z_orig = model.train()(orig)
+    loss = authors_air_loss(
+        features[0::2], features[1::2], z_orig, features_adv[0::2], features_adv[1::2], weight
+    )
+    loss.backward()
+    return loss.detach()
+
+
+@pytest.mark.parametrize(("name", "weight"), [("acl_air", 0.0), ("dynacl_air", 0.6)])
+def test_one_air_step_is_the_authors(name: str, weight: float) -> None:
+    model, p = preset_model(name)
+    ref = copy.deepcopy(model)
+    v1, v2 = images(8)
+    orig = images(9)[0]
+    loss = ours_step(model, p, [v1, v2, orig], seed=5, values={"air_weight": weight})
+    want = air_authors_step(ref, v1, v2, orig, starts([v1, v2], 8 / 255, seed=5), weight)
+    torch.testing.assert_close(loss, want, rtol=1e-9, atol=0)
+    assert_same_state(model, ref)
+
+
+def test_the_air_view_maker_hands_over_the_original_images() -> None:
+    from robustbench_nacl.augment.views import VIEW_MAKERS
+
+    x = (images(3)[0] * 255).to(torch.uint8)
+    views = VIEW_MAKERS.get("acl_original")(x, 3, torch.Generator().manual_seed(0), aug_strength=1.0)
+    assert len(views) == 3 and torch.equal(views[2], x.float() / 255)
+    assert not torch.equal(views[0], views[2])

@@ -348,6 +348,8 @@ def test_the_shipped_robust_ssl_claims_load_under_their_protocols() -> None:
     assert {(c.candidate, c.baseline, c.protocol) for c in claims} == {
         ("acl", "simclr", "slf"), ("acl", "simclr", "alf"), ("rocl", "simclr", "slf"),
         ("dynacl", "acl", "slf"), ("dynacl", "acl", "alf"), ("deacl", "acl", "slf"), ("deacl", "acl", "alf"),
+        ("acl_air", "acl", "slf"), ("acl_air", "acl", "alf"),
+        ("dynacl_air", "dynacl", "slf"), ("dynacl_air", "dynacl", "alf"),
     }  # fmt: skip
     assert {(c.setting, c.metric, c.kind) for c in claims} == {("in-domain", "autoattack@0.032", "better")}
 

@@ -45,7 +45,7 @@ from robustbench_nacl.data import (
 from robustbench_nacl.errors import DatasetNotFound, UserError
 from robustbench_nacl.registry import Registry
 
-ALL = ["cifar10", "cifar100", "stl10", "tinyimagenet", "fashion-mnist", "mnist", "digits"]
+ALL = ["cifar10", "cifar100", "stl10", "stl10-32", "tinyimagenet", "fashion-mnist", "mnist", "digits"]
 
 
 @pytest.fixture(autouse=True)

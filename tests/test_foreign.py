@@ -423,7 +423,12 @@ def test_describe_file_recognises_the_checkpoint_formats(tmp_path: Path) -> None
 
 
 def test_formats_registry_has_the_layouts() -> None:
-    assert FORMATS.names() == ["ours", "lightly", "solo-learn", "hcl", "torchvision", "timm", "prefixed"]
+    from robustbench_nacl.models.foreign.robustssl import PRETRAININGS
+
+    # the RobustSSL benchmark's layouts come before the plain ones: a dual-BN file has conv1/layer1 too
+    robustssl = ["robustssl", *(f"robustssl:{n}" for n in PRETRAININGS.names())]
+    plain = ["hcl", "torchvision", "timm", "prefixed"]
+    assert FORMATS.names() == ["ours", "lightly", "solo-learn", *robustssl, *plain]
 
 
 def test_every_torch_load_passes_weights_only_true() -> None:

@@ -96,6 +96,19 @@ def test_a_complete_zoo_is_skipped_even_without_its_checkpoints(ran) -> None:
     shutil.move(moved, tmp / "ckpts")
 
 
+def test_work_another_process_finished_is_not_reported_as_done_here(
+    ran, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `zoo run` that planned work, then waited for the locks while another run did it, reports it
+    as the other run's (issue 36), not as trained and evaluated here."""
+    tmp, entries, _ = ran
+    assert pipeline.train_entry(entries[0], tmp / "ckpts") is None  # trained before: nothing done here
+    assert pipeline.eval_entry(entries[0], tmp / "ckpts", tmp / "board") is None
+    monkeypatch.setattr(pipeline, "rows_done", lambda out: {})  # planned before the other run finished
+    run = pipeline.run_entries(entries, tmp / "ckpts", tmp / "board", workers=1, progress=False)
+    assert (run.trained, run.evaluated, run.waited) == (0, 0, 6)  # 4 entries + 2 controls, all found done
+
+
 def test_zoo_eval_and_run_on_the_command_line(tmp_path: Path, cli_env: dict[str, str]) -> None:
     _entries(tmp_path / "zoo")
     cli_env["ROBUSTBENCH_NACL_ZOO"] = str(tmp_path / "zoo")

@@ -14,8 +14,9 @@ import pytest
 import torch
 from test_zoo_completeness import tiny_entry
 
-from robustbench_nacl import cli, publish, published, zoo
+from robustbench_nacl import cli, zoo
 from robustbench_nacl.errors import UserError
+from robustbench_nacl.hub import catalog, load, release
 from robustbench_nacl.io import sha256_file
 from robustbench_nacl.models.checkpoint import WEIGHTS
 from robustbench_nacl.packaged import published_dir
@@ -31,7 +32,7 @@ def published_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "published"
     root.mkdir()
     shutil.copyfile(published_dir() / "paper_reported.json", root / "paper_reported.json")
-    for module in (publish, published, verify):
+    for module in (release, catalog, verify):
         monkeypatch.setattr(module, "published_dir", lambda: root)
     monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
     return root
@@ -95,10 +96,10 @@ def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_publish
         "1 ok, 0 changed, 0 missing (no checkpoint)"
     )
     # the published model loads by name, with the head its in-domain rows attacked
-    clf = published.load_model(e.id, head=True)
+    clf = load.load_model(e.id, head=True)
     x = torch.rand(3, 1, 8, 8)
     assert clf(x).shape == (3, 5)
-    corrupted = published.load_model(e.id, protocol="corruption", head=True)  # the in-domain head
+    corrupted = load.load_model(e.id, protocol="corruption", head=True)  # the in-domain head
     assert torch.equal(corrupted.head.weight, clf.head.weight)
     # one flipped bit in the published weights: verify says changed and exits 1
     w = target / "models" / e.id / WEIGHTS
@@ -146,7 +147,7 @@ def test_the_shipped_demo_rows_are_one_pack_that_reads_as_rows() -> None:
     d = published_dir() / "demo"
     assert (d / ROW_PACK).is_file() and not (d / "rows").exists()
     rows = load_rows(d)
-    assert len(rows) == 1309 and len({r.row_id for r in rows}) == 1309
+    assert len(rows) == 1617 and len({r.row_id for r in rows}) == 1617  # 20 entries and the control
     assert all(r["checkpoint"].startswith("models/") for r in rows)
 
 
@@ -179,18 +180,18 @@ def test_a_head_is_looked_up_among_slf_rows_only(monkeypatch: pytest.MonkeyPatch
         return {"protocol_id": pid, "setting": setting, "dataset": "fashion-mnist:0-4", **ft}
 
     rows = [row("p-alf", "in-domain", "alf"), row("p-aff", "in-domain", "aff"), row("p-slf", "in-domain")]
-    monkeypatch.setattr(published, "model_rows", lambda model: rows)
-    model = published.PublishedModel("m", "s", Path("s/models/m"), {})
-    assert published.protocol_row(model, None)["protocol_id"] == "p-slf"  # not the ALF row before it
+    monkeypatch.setattr(load, "model_rows", lambda model: rows)
+    model = catalog.PublishedModel("m", "s", Path("s/models/m"), {})
+    assert load.protocol_row(model, None)["protocol_id"] == "p-slf"  # not the ALF row before it
     with pytest.raises(UserError, match=r"m has no rows under protocol 'p-alf'; its protocols: p-slf \("):
-        published.protocol_row(model, "p-alf")
-    assert published.protocol_row(model, "SLF")["protocol_id"] == "p-slf"  # the field's name for it
+        load.protocol_row(model, "p-alf")
+    assert load.protocol_row(model, "SLF")["protocol_id"] == "p-slf"  # the field's name for it
     with pytest.raises(UserError, match=r"SLF linear heads only: ALF trains its own head on each run; "
                        r"evaluate it as the reference did with "
                        r"`robustbench-nacl eval --model m --like-zoo s --protocol alf`"):  # fmt: skip
-        published.protocol_row(model, "alf")
+        load.protocol_row(model, "alf")
     rows += [row(f"p-c{i}", "corruption") for i in range(27)]
     with pytest.raises(UserError) as err:
-        published.protocol_row(model, "digits:5-9")
+        load.protocol_row(model, "digits:5-9")
     assert str(err.value).endswith("its protocols: p-slf (in-domain fashion-mnist:0-4); 27 corruption "
                                    "protocols (they attack the in-domain head)")  # fmt: skip

@@ -22,13 +22,14 @@ import torch
 from _models import one_thread
 from _reliability import TINY
 
-from robustbench_nacl import load_model, published, published_models, zoo
+from robustbench_nacl import load_model, published_models, zoo
 from robustbench_nacl.cli import main
 from robustbench_nacl.data import load_dataset
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.cards import card_schema
+from robustbench_nacl.hub import catalog
+from robustbench_nacl.hub.cards import card_schema
+from robustbench_nacl.hub.catalog import coverage, find_model, model_rows
 from robustbench_nacl.packaged import published_dir
-from robustbench_nacl.published import coverage, find_model, model_rows
 from robustbench_nacl.results.bits import decode_bits
 from robustbench_nacl.results.rows import load_rows
 from robustbench_nacl.training import train
@@ -160,7 +161,7 @@ def test_models_adds_a_column_for_alf_and_aff_where_a_card_has_them(
     alf = {**demo.card["headline"]["SLF"], "clean_acc": 0.692, "robust_acc": 0.534}
     card = {**demo.card, "headline": {**demo.card["headline"], "ALF": alf}}
     monkeypatch.setattr(
-        published, "published_models", lambda d=None: [dataclasses.replace(demo, card=card), demo]
+        catalog, "published_models", lambda d=None: [dataclasses.replace(demo, card=card), demo]
     )
     code, out, _ = _cli(["models"], capsys)
     header, _, with_alf, without = out.splitlines()[:4]
@@ -221,7 +222,9 @@ def test_weights_download_once_into_the_cache_and_a_damaged_download_is_refused(
         load_model(other, weights_from=url)
     assert len(list((tmp_path / "cache").rglob("weights.safetensors"))) == len(cached)  # not cached
     cached[0].write_bytes(cached[0].read_bytes()[:-1] + b"x")  # damaged in the cache since
-    with pytest.raises(UserError, match=r"damaged or another model's; delete .* to download it again"):
+    with pytest.raises(
+        UserError, match=r"damaged since they were downloaded\): delete .* to download them again"
+    ):
         load_model(NAME, weights_from=url)
     with pytest.raises(UserError, match=r"cannot download .*404"):
         load_model("convnet_small.hardneg_digits-0-4_s0", weights_from=url + "/nothing-here")
@@ -323,8 +326,8 @@ def test_verify_submission_accepts_a_genuine_one_and_rejects_a_tampered_row(
 def test_a_plugin_preset_is_not_in_the_reference_yet_instead_of_failing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from robustbench_nacl.hub.load import not_covered
     from robustbench_nacl.losses import PRESETS, register_preset
-    from robustbench_nacl.published import not_covered
 
     name = "test_only_preset_for_coverage"
     register_preset(name, description="a preset a plugin registers", G1="g1", tau_plus=0.02)
@@ -371,7 +374,7 @@ def test_a_damaged_head_is_one_line_naming_the_fix(tmp_path: Path) -> None:
 
 
 def test_a_card_headlines_autoattacks_epsilon_when_the_suite_goes_beyond_it() -> None:
-    from robustbench_nacl.eval.cards import headline_row
+    from robustbench_nacl.hub.cards import headline_row
 
     def row(attack: str, eps: float, acc: float) -> dict:
         return {"attack": attack, "norm": "Linf", "eps": eps, "robust_acc": acc}
@@ -384,7 +387,7 @@ def test_a_card_headlines_autoattacks_epsilon_when_the_suite_goes_beyond_it() ->
 
 
 def test_a_card_headlines_slf_and_fills_alf_and_aff_from_their_own_rows() -> None:
-    from robustbench_nacl.eval.cards import card_of_rows
+    from robustbench_nacl.hub.cards import card_of_rows
 
     def row(protocol: str | None, setting: str, attack: str, eps: float, clean: float, acc: float) -> dict:
         return {

@@ -142,7 +142,7 @@ def test_a_published_encoder_and_its_head_reproduce_their_committed_fgsm_outcome
     from _models import one_thread
 
     from robustbench_nacl import benchmark, load_dataset, load_model
-    from robustbench_nacl.published import find_model
+    from robustbench_nacl.hub.catalog import find_model
     from robustbench_nacl.results.bits import decode_bits
     from robustbench_nacl.utils import device_name
 

@@ -343,6 +343,17 @@ EVAL_BAD = {
     "unknown normalization": (["--normalize", "nope"], ("valid choices: cifar10, half, imagenet, none",)),
     "unknown format": (["--format", "nope"], ("valid choices: auto, ours",)),
     "unknown device": (["--device", "tpu"], ("invalid --device 'tpu'", "cpu, cuda")),
+    # issue 36: values the help calls invalid, and flags that would be ignored
+    "alf eps > 1": (["--protocol", "alf", "--alf-eps", "2"], ("alf eps 2.0: must be <= 1",)),
+    "aff eps > 1": (["--protocol", "aff", "--aff-eps", "5"], ("aff eps 5.0: must be <= 1",)),
+    "aff momentum >= 1": (
+        ["--protocol", "aff", "--aff-momentum", "7"],
+        ("aff momentum 7.0: must be in [0, 1)",),
+    ),
+    "alf epochs < 1 without alf": (["--alf-epochs", "-3"], ("alf epochs -3: must be an integer >= 1",)),
+    "alf flag without alf": (["--alf-epochs", "3"], ("--alf-* flags set ALF settings", "--protocol alf")),
+    "descending severities": (["--severities", "5-1"], ("severities '5-1': a range goes up, e.g. 1-5",)),
+    "missing data root": (["--data-root", "/no/such"], ("--data-root /no/such: no such folder",)),
 }
 
 

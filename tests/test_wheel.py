@@ -101,6 +101,7 @@ def test_the_wheel_ships_the_data_files_and_imports_from_its_install(installed: 
         "robustbench_nacl/files/schemas/model-card.schema.json",
         f"robustbench_nacl/files/published/demo/models/{DEMO_NAME}/weights.safetensors",
         "robustbench_nacl/files/published/demo/coverage.json",
+        "robustbench_nacl/files/reported/robustssl.json",
     ):
         assert needed in names, f"{needed} is not in the wheel"
     venv = Path(str(installed["venv"]))

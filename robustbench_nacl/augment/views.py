@@ -54,6 +54,14 @@ def _acl_maker(
     return simclr_views(x, n_views, gen, cfg)
 
 
+@VIEW_MAKERS.register("acl_original", params=("aug_strength",), bounded=True)
+def _acl_original_maker(
+    x: Tensor, n_views: int, gen: torch.Generator, /, aug_strength: float = 1.0, **_: Any
+) -> list[Tensor]:
+    """``n_views - 1`` ACL views at strength s, then the un-augmented images (AIR's ``ori_inputs``)."""
+    return [*_acl_maker(x, n_views - 1, gen, aug_strength=aug_strength), to_float(x)]
+
+
 @VIEW_MAKERS.register("crop_flip", params=("scale_min",), bounded=True)
 def _crop_flip_maker(
     x: Tensor, n_views: int, gen: torch.Generator, /, scale_min: float = 0.08, **_: Any

@@ -20,9 +20,16 @@ def rendering(folder: str | Path) -> Iterator[None]:
     first (only renders write files at the folder's top level: rows live in its rows/)."""
     from ..locks import advisory_lock, remove_temporaries, sweep
 
-    with advisory_lock(folder, "leaderboard", f"the leaderboard in {folder}"):
-        remove_temporaries(folder)
-        yield
+    fresh = not Path(folder).exists()
+    try:
+        with advisory_lock(folder, "leaderboard", f"the leaderboard in {folder}"):
+            remove_temporaries(folder)
+            yield
+    except BaseException:
+        if fresh:  # a failed first render leaves no empty folder behind (rmdir: only if it is empty)
+            with contextlib.suppress(OSError):
+                Path(folder).rmdir()
+        raise
     sweep(folder)  # locks of killed evaluations whose rows another run then completed
 
 
@@ -41,6 +48,7 @@ def run_leaderboard(args: argparse.Namespace) -> int:
             baseline=args.baseline,
             baseline_recipe=args.baseline_recipe,
             notify=lambda notice: print(notice, file=sys.stderr),
+            reported=args.reported,
         )
     for name, path in files.items():
         print(f"{name}: {path}")
@@ -96,6 +104,13 @@ def leaderboard_args(p: argparse.ArgumentParser) -> None:
         "(default: the worst case at the suite's largest epsilon)",
     )
     _baseline_flags(p, None)
+    p.add_argument(
+        "--reported",
+        default=None,
+        metavar="NAME",
+        help="add a section of the field's published numbers beside the matching tables, marked "
+        "reported and never ranked or tested: robustssl (the RobustSSL benchmark's leaderboard)",
+    )
 
 
 def run_compare(args: argparse.Namespace) -> int:

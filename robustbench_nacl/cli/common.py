@@ -107,3 +107,10 @@ def _protocols(text: str) -> str:
         return ",".join(parse_protocols(text))
     except UserError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_data_root(path: str | None) -> None:
+    """``--data-root DIR`` must exist: a mistyped one would silently fall back to another copy of the
+    data (the system's Fashion-MNIST, the default cache), and the rows would not say which was read."""
+    if path and not Path(path).expanduser().is_dir():
+        raise UserError(f"--data-root {path}: no such folder (leave the flag out for the default data root)")

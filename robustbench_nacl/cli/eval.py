@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..io import refuse_reference_dir
-from .common import DEFAULT_RESULTS, deterministic_flag, protocol_arg
-from .flags import add_config_flags, config_values
+from .common import DEFAULT_RESULTS, check_data_root, deterministic_flag, protocol_arg
+from .flags import add_config_flags, add_recipe_flag, config_values, robustssl_args
+
+if TYPE_CHECKING:
+    from ..eval.config import EvalConfig
 
 
 def _resolve_transfer(args: argparse.Namespace) -> str | None:
@@ -50,6 +53,8 @@ _AS_GIVEN = (
     "data_root",
     "protocol",
     "finetune_settings",
+    "finetune_recipe",
+    "corruptions_from",
 )
 
 
@@ -69,15 +74,46 @@ _ZOO_SETS = {
 }
 
 
+def _manifest(args: argparse.Namespace) -> dict[str, Any]:
+    """The manifest of what ``eval`` evaluates (a published model's, or a checkpoint folder's; {}
+    where there is none or it cannot be read: the checks come later)."""
+    if args.model is not None:
+        from ..hub.catalog import find_model
+
+        folder = find_model(args.model).folder
+    else:
+        folder = Path(args.checkpoint or "")
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _manifest_field(args: argparse.Namespace, key: str) -> str | None:
+    """One field of :func:`_manifest`, as a string (None where it is absent)."""
+    value = _manifest(args).get(key)
+    return None if value is None else str(value)
+
+
 def _checkpoint_id(args: argparse.Namespace) -> str | None:
     """The zoo entry id of what ``eval`` evaluates: a published model's name, or the id in a
-    checkpoint folder's manifest (None where it has none or cannot be read: the checks come later)."""
-    if args.model is not None:
-        return args.model
-    try:
-        return json.loads((Path(args.checkpoint) / "manifest.json").read_text()).get("id")
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+    checkpoint folder's manifest."""
+    return args.model if args.model is not None else _manifest_field(args, "id")
+
+
+def _same_data(args: argparse.Namespace, zoo_dataset: str) -> None:
+    """``--like-zoo`` evaluates on the zoo's dataset: refuse an encoder pretrained on another one (its
+    rows would not rank beside the zoo's), unless ``--dataset`` says to evaluate it there anyway."""
+    mine = _manifest_field(args, "dataset")
+    if args.dataset or mine is None:
+        return
+    base = {d.split("@")[0].split(":")[0] for d in (mine, zoo_dataset)}
+    if len(base) > 1:
+        raise UserError(
+            f"--like-zoo {args.like_zoo} evaluates on {zoo_dataset}, but this encoder was pretrained on "
+            f"{mine}: pass --dataset {zoo_dataset} to evaluate it there all the same, or a zoo of {mine}"
+        )
 
 
 def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,6 +147,7 @@ def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
     entry = next((e for e in entries if e.id == own), None) or next(
         (e for e in entries if e.seed == (args.seed or 0)), entries[0]
     )
+    _same_data(args, entry.dataset)
     kw = eval_arguments(entry if args.seed is None else replace(entry, seed=args.seed))  # its "seed" too
     kw["dataset"] = args.dataset or entry.dataset
     kw["protocol"] = args.protocol or kw["protocol"]
@@ -124,13 +161,22 @@ def _from_flags(args: argparse.Namespace) -> dict[str, Any]:
     from ..results.finetune import AffConfig, AlfConfig
 
     kw = {name: getattr(args, name) for name in _AS_GIVEN}
+    protocol = args.protocol or "slf"
+    finetune = {}
+    for name, cls in (("alf", AlfConfig), ("aff", AffConfig)):
+        finetune[name] = cls(**config_values(cls, args, prefix=f"{name}-"))
+        finetune[name].check()  # a bad value is refused even where the protocol is not run
+        given = finetune[name] != cls() and name not in protocol.split(",")
+        if given and not args.like_zoo:  # with --like-zoo, _like_zoo has refused the flag already
+            raise UserError(
+                f"--{name}-* flags set {name.upper()} settings: add --protocol {name}, or drop them"
+            )
     return {
         **kw,
-        "protocol": args.protocol or "slf",
+        "protocol": protocol,
         "transfer": _resolve_transfer(args),
         "probe": ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
-        "alf": AlfConfig(**config_values(AlfConfig, args, prefix="alf-")),
-        "aff": AffConfig(**config_values(AffConfig, args, prefix="aff-")),
+        **finetune,
         "setting_suites": _setting_suites(args.setting_suite),
     }
 
@@ -138,23 +184,76 @@ def _from_flags(args: argparse.Namespace) -> dict[str, Any]:
 def run_eval(args: argparse.Namespace) -> int:
     """Evaluate the checkpoint (or ``--model``), print its rows and the one-line summary."""
     from ..eval.evaluate import evaluate
+    from ..models.foreign.robustssl import pretraining_format
+    from ..results.reported import placement_for_card
 
     refuse_reference_dir(args.out)
+    args.format = pretraining_format(args.format, args.pretraining)  # --pretraining NAME: robustssl:NAME
+    check_data_root(args.data_root)
     zoo_kw = _like_zoo(args) if args.like_zoo else {}  # its flag conflicts first: a usage error
     args.seed = 0 if args.seed is None else args.seed  # without --like-zoo; with it, zoo_kw's seed wins
     checkpoint, heads = _eval_source(args)
-    kw = _from_flags(args) | zoo_kw
-    rows = evaluate(checkpoint, heads=heads, fmt=args.format, progress=not args.no_progress, **kw)
+    config = _eval_config(args, _from_flags(args) | zoo_kw, heads)
+    rows = evaluate(checkpoint, config)
     _print_rows(rows)
     # evaluate() says in one line what it computed and what it reused (a re-run: nothing computed)
     summary = getattr(rows, "summary", None)
     print(summary or f"{len(rows)} result rows under {Path(args.out) / 'rows'}")
+    for line in placement_for_card(rows):  # CIFAR/STL-10 AutoAttack at 8/255 beside the field's numbers
+        print(f"beside the RobustSSL benchmark's reported entries: {line}")
     if args.card and rows:
-        from ..eval.cards import card_of_rows, write_card
+        from ..hub.cards import bn_branch, card_of_rows, write_card
 
         path = Path(args.out) / "cards" / f"{rows[0]['checkpoint_id']}.json"
-        print(f"model card: {write_card(path, card_of_rows(rows))}")
+        card = card_of_rows(rows, bn_branch=bn_branch(_manifest(args)))
+        print(f"model card: {write_card(path, card)}")
     return 0
+
+
+def _eval_config(args: argparse.Namespace, kw: dict[str, Any], heads: str | None) -> EvalConfig:
+    """The typed :class:`EvalConfig` of ``eval``: the flags' values (``kw``: evaluate()'s names, with
+    ``--like-zoo``'s in place of the flags it sets), group by group."""
+    from ..eval.config import (
+        AttackOptions,
+        DataOptions,
+        EvalConfig,
+        OutputOptions,
+        ProbeOptions,
+        SourceOptions,
+    )
+
+    return EvalConfig(
+        data=DataOptions(
+            dataset=kw["dataset"],
+            transfer=kw["transfer"],
+            shift=kw["shift"],
+            corruptions=kw["corruptions"],
+            severities=kw["severities"],
+            n_examples=kw["n_examples"],
+            data_root=kw["data_root"],
+            corruptions_from=kw["corruptions_from"],
+        ),
+        source=SourceOptions(
+            arch=kw["arch"], fmt=args.format, normalize=kw["normalize"], control=kw["control"]
+        ),
+        probe=ProbeOptions(
+            probe=kw["probe"],
+            protocol=kw["protocol"],
+            alf=kw["alf"],
+            aff=kw["aff"],
+            heads=heads,
+            finetune_settings=kw["finetune_settings"],
+            finetune_recipe=kw["finetune_recipe"],
+        ),
+        attack=AttackOptions(
+            suite=kw["suite"], batch_size=kw["batch_size"], setting_suites=kw["setting_suites"]
+        ),
+        output=OutputOptions(
+            out=kw["out"], force=kw["force"], save_heads=kw["save_heads"], progress=not args.no_progress
+        ),
+        seed=kw["seed"],
+        device=kw["device"],
+    )
 
 
 def _setting_suites(pairs: list[str] | None) -> dict[str, str] | None:
@@ -178,10 +277,11 @@ def _eval_source(args: argparse.Namespace) -> tuple[str, str | None]:
         if args.weights_from:
             raise UserError("--weights-from goes with --model NAME; a checkpoint path names its own weights")
         return args.checkpoint, None
-    from ..published import HEADS_DIR, checkpoint_dir, find_model
+    from ..hub.catalog import find_model
+    from ..hub.load import checkpoint_dir, heads_dir
 
     model = find_model(args.model)
-    return str(checkpoint_dir(model, args.weights_from)), str(model.set_folder / HEADS_DIR)
+    return str(checkpoint_dir(model, args.weights_from)), str(heads_dir(model))
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
@@ -306,6 +406,7 @@ def eval_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="recompute rows that already exist")
     p.add_argument("--data-root", default=None)
+    robustssl_args(p)
     # the probe and kNN recipe: one --probe-FIELD flag per ProbeConfig field, with its default
     add_config_flags(p, ProbeConfig, prefix="probe-")
     protocol_arg(p, default=None, default_text="slf; with --like-zoo, the zoo's")
@@ -314,6 +415,7 @@ def eval_args(p: argparse.ArgumentParser) -> None:
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
     add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")
+    add_recipe_flag(p)
     _like_zoo_arg(p)
 
 

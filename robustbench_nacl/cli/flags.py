@@ -96,3 +96,42 @@ def config_values(
 ) -> dict[str, Any]:
     """The values of the flags :func:`add_config_flags` made, as keyword arguments of ``cls``."""
     return {f.name: getattr(args, (prefix + f.name).replace("-", "_")) for f in config_fields(cls, skip)}
+
+
+def add_recipe_flag(p: argparse.ArgumentParser) -> None:
+    """``--finetune-recipe``: the named finetuning recipe (eval/finetune_recipes.py), its help listing
+    the registered recipes and the methods a recipe can be pinned to."""
+    from ..eval.finetune_recipes import DEFAULT_RECIPE, FINETUNE_RECIPES
+
+    names = "; ".join(
+        f"{r.name}: {r.summary}"
+        + (f" ({r.name}:METHOD, METHOD one of {', '.join(r.methods)})" if r.methods else "")
+        for r in FINETUNE_RECIPES.values()
+    )
+    p.add_argument(
+        "--finetune-recipe",
+        default=DEFAULT_RECIPE,
+        metavar="RECIPE",
+        help=f"the SLF/ALF/AFF settings: {names} (default: {DEFAULT_RECIPE})".replace("%", "%%"),
+    )
+
+
+def robustssl_args(p: argparse.ArgumentParser) -> None:
+    """``eval``'s flags for the RobustSSL benchmark's checkpoints and released corruption sets
+    (docs/decisions.md, 'Robust self-supervised evaluation')."""
+    from ..models.foreign.robustssl import PRETRAININGS  # lazy, like every command's heavy imports
+
+    p.add_argument(
+        "--pretraining",
+        default=None,
+        metavar="NAME",
+        help="a RobustSSL benchmark checkpoint of this method, read as the benchmark reads it (--format "
+        f"robustssl:NAME): {', '.join(PRETRAININGS.names())}",
+    )
+    p.add_argument(
+        "--corruptions-from",
+        default=None,
+        metavar="DIR",
+        help="read --corruptions from the released CIFAR-10-C / CIFAR-100-C .npy files in DIR (or "
+        "DIR/CIFAR-10-C) instead of computing them; 'all' is the benchmark's 15",
+    )

@@ -199,7 +199,8 @@ def run_models(args: argparse.Namespace) -> int:
     """Print the published reference models with their headline numbers (or their cards as JSON)."""
     from tabulate import tabulate
 
-    from ..published import not_covered, published_models, published_sets
+    from ..hub.catalog import published_models, published_sets
+    from ..hub.load import not_covered
 
     models = published_models(args.dataset)
     if not models:
@@ -215,6 +216,7 @@ def run_models(args: argparse.Namespace) -> int:
         h = m.card["headline"]["SLF"]
         robust = f"{h['robust_acc']:.1%} ({h['metric']} {h['norm']} {h['eps_label']})"
         row = [m.name, m.card["dataset"], m.card["loss"]["family"], f"{h['clean_acc']:.1%}", robust]
+        row.append(m.card.get("bn_branch") or "-")
         for p in finetuned:
             f = m.card["headline"].get(p)
             row.append(f"{f['robust_acc']:.1%} (clean {f['clean_acc']:.1%})" if f else "-")
@@ -225,6 +227,7 @@ def run_models(args: argparse.Namespace) -> int:
         "loss",
         "clean (SLF)",
         "robust (SLF)",
+        "BN branch",  # a dual-BN encoder's evaluated branch (ACL, DynACL: adv); - for one BN
         *(f"robust ({p})" for p in finetuned),
     ]
     print(tabulate(table, headers=headers, tablefmt="github"))

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from ..errors import UserError
-from .common import deterministic_flag, json_kv, writable_out
+from .common import check_data_root, deterministic_flag, json_kv, writable_out
 from .flags import add_config_flags, config_values
 
 _TRAIN_SPECIAL = ("loss", "overrides", "encoder_kwargs")
@@ -42,6 +42,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     writable_out(args.out)
     values = {**config_values(TrainConfig, args, skip=_TRAIN_SPECIAL), **_optimizer_settings(args)}
+    check_data_root(values.get("data_root"))
     encoder_kwargs = json_kv(args.encoder_arg)
     if args.like_zoo:
         values, encoder_kwargs = _like_zoo(args, values)

@@ -133,7 +133,7 @@ def _curve_label(entry: Any, dataset: bool) -> str:
 
 def _zoo_publish(args: argparse.Namespace) -> int:
     """Copy the trained, evaluated entries of --zoo into the package's published set (maintainers)."""
-    from ..publish import publish_zoo
+    from ..hub.release import publish_zoo
 
     if not args.zoo:
         raise UserError("zoo publish needs --zoo NAME: a published set is one zoo")
@@ -152,7 +152,7 @@ def _zoo_regenerate(args: argparse.Namespace) -> int:
 
 def _zoo_verify_submission(args: argparse.Namespace) -> int:
     """Recompute a sample of a submission's rows from its weights; exit 1 naming a row that disagrees."""
-    from ..submission import verify_submission
+    from ..hub.submission import verify_submission
 
     if len(args.ids) != 1:
         raise UserError(
@@ -190,6 +190,21 @@ def run_zoo(args: argparse.Namespace) -> int:
     return _ZOO_ACTIONS[args.action](args)
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (anything else is a one-line usage error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+        return value
+
+    return parse
+
+
 def zoo_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``zoo`` (every subcommand's, each saying which it is for)."""
     deterministic_flag(p)
@@ -225,13 +240,13 @@ def zoo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto (in a job: cuda, never cuda:N)")
     p.add_argument(
         "--sample-settings",
-        type=int,
+        type=_at_least(1),
         default=2,
         help="verify-submission: settings whose rows are recomputed (in-domain first; default: %(default)s)",
     )
     p.add_argument(
         "--tolerance",
-        type=int,
+        type=_at_least(0),
         default=0,
         help="verify-submission: attacked outcomes allowed to differ per 200 examples (another CPU's "
         "rounding; default: %(default)s, exact)",

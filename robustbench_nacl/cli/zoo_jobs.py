@@ -168,7 +168,9 @@ def zoo_run(args: argparse.Namespace) -> int:
         )
     print(
         f"{len(entries)} entries: {run.trained} trained ({run.train_s:.0f} s), {run.evaluated} evaluations "
-        f"({run.eval_s:.0f} s), {run.skipped} already complete; {time.perf_counter() - t0:.0f} s in all\n"
+        f"({run.eval_s:.0f} s), {run.skipped} already complete"
+        + (f", {run.waited} finished by another process while this one waited" if run.waited else "")
+        + f"; {time.perf_counter() - t0:.0f} s in all\n"
         f"  leaderboard: {files['LEADERBOARD.md']}"
     )
     return 0

@@ -233,6 +233,8 @@ def parse_severities(value: str | Sequence[int] | None) -> list[int]:
             out: set[int] = set()
             for part in value.split(","):
                 lo, _, hi = part.strip().partition("-")
+                if int(hi or lo) < int(lo):  # "5-1" is an empty range, not severities out of 1..5
+                    raise UserError(f"severities {value!r}: a range goes up, e.g. {hi}-{lo}")
                 out.update(range(int(lo), int(hi or lo) + 1))
         else:
             out = {int(v) for v in value}

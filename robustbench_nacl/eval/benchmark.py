@@ -36,10 +36,10 @@ from ..attack.memory import halving_on_oom
 from ..attack.runner import attack_info, robust_under_attack
 from ..attack.suites import SUBSET, AttackSpec, Suite, attack_params, load_suite
 from ..errors import UserError
+from ..hub.cards import build_card, write_card
 from ..io import canonical_json
 from ..results.bits import encode_bits
 from ..results.eps import eps_label
-from .cards import build_card, write_card
 from .sanity import (
     SANITY_N,
     TOL_EXAMPLES,
@@ -305,7 +305,7 @@ def benchmark(
     ``batch_size`` and the device). A model returning probabilities is a ``UserError``.
     ``card``: also write the model card of these rows there, as RobustBench's benchmark records its
     model_info (``card_info``: name, architecture, dataset, authors, venue, link, ...; see
-    :func:`..eval.cards.build_card`).
+    :func:`..hub.cards.build_card`).
     """
     suite = load_suite(suite)
     _check_inputs(x, y, batch_size)

@@ -29,6 +29,8 @@ class DataOptions:
     severities: str | Iterable[int] | None = None  # with corruptions; "1-5" by default
     n_examples: int | None = None  # the first n test examples are attacked; None = all
     data_root: str | None = None
+    # a folder of the released CIFAR-10-C / CIFAR-100-C .npy files: corruptions read, not computed
+    corruptions_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class ProbeOptions:
     heads: str | Path | None = None  # a folder of fitted linear heads to reuse (SLF)
     # the setting kinds ALF/AFF run on ("in-domain,corruption"); None: every setting, as SLF
     finetune_settings: str | Sequence[str] | None = None
+    # the named finetuning recipe (eval/finetune_recipes.py): uniform | robustssl[:METHOD]
+    finetune_recipe: str = "uniform"
 
 
 @dataclass(frozen=True)
@@ -128,12 +132,16 @@ class EvalConfig:
         aff: AffConfig | None = None,
         setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
         finetune_settings: str | Sequence[str] | None = None,
+        finetune_recipe: str = "uniform",
+        corruptions_from: str | None = None,
     ) -> EvalConfig:
         """The configuration ``evaluate``'s keyword form describes (one keyword per field)."""
         return cls(
-            data=DataOptions(dataset, transfer, shift, corruptions, severities, n_examples, data_root),
+            data=DataOptions(
+                dataset, transfer, shift, corruptions, severities, n_examples, data_root, corruptions_from
+            ),
             source=SourceOptions(arch, fmt, normalize, name, control),
-            probe=ProbeOptions(probe, protocol, alf, aff, heads, finetune_settings),
+            probe=ProbeOptions(probe, protocol, alf, aff, heads, finetune_settings, finetune_recipe),
             attack=AttackOptions(suite, batch_size, setting_suites),
             output=OutputOptions(out, force, save_heads, progress),
             seed=seed,

@@ -25,10 +25,12 @@ from ..data import DatasetSpec, parse_spec
 from ..data.corruptions import parse_corruptions, parse_severities
 from ..errors import UserError
 from ..io import refuse_reference_dir
+from ..models.dual_bn import has_dual_bn
 from ..results.finetune import AffConfig, AlfConfig
 from ..results.rows import ROWS_DIR, ResultRow
 from ..utils import resolve_device
 from .config import EvalConfig
+from .finetune_recipes import check_recipe, recipe_plan
 from .probe import ProbeConfig
 from .recipe import checkpoint_fields
 from .runner import Job, rewrite_vanished, run_protocol
@@ -38,7 +40,6 @@ from .settings import (
     identity_fields,
     load_suites,
     parse_setting_kinds,
-    protocol_settings,
     settings_for,
 )
 from .source import IN_MEMORY, CheckpointInfo, load_source
@@ -87,6 +88,8 @@ def evaluate(
     aff: AffConfig | None = None,
     setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
     finetune_settings: str | Sequence[str] | None = None,
+    finetune_recipe: str = "uniform",
+    corruptions_from: str | None = None,
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -107,7 +110,11 @@ def evaluate(
     their settings); rows of each protocol are separate. ``setting_suites`` gives a setting kind
     (``transfer``, ``shift``, ``corruption``, ``in-domain``) its own suite, e.g. a short one for the
     many corruption settings; ``finetune_settings`` restricts ALF/AFF to some kinds (e.g.
-    ``"in-domain,corruption"``: one finetuning per encoder).
+    ``"in-domain,corruption"``: one finetuning per encoder). ``finetune_recipe`` names the recipe
+    (eval/finetune_recipes.py): ``uniform``, one protocol for every family, or ``robustssl``, the
+    RobustSSL benchmark's per-method settings; it is part of every finetuned row's identity.
+    ``corruptions_from``: a folder of the released CIFAR-10-C / CIFAR-100-C files, read instead of
+    computing the corruptions.
     """
     keywords = EvalConfig.from_keywords(
         dataset=dataset, transfer=transfer, shift=shift, corruptions=corruptions, severities=severities,
@@ -115,7 +122,8 @@ def evaluate(
         fmt=fmt, normalize=normalize, control=control, force=force, batch_size=batch_size,
         data_root=data_root, progress=progress, name=name, heads=heads, save_heads=save_heads,
         protocol=protocol, alf=alf, aff=aff, setting_suites=setting_suites,
-        finetune_settings=finetune_settings,
+        finetune_settings=finetune_settings, finetune_recipe=finetune_recipe,
+        corruptions_from=corruptions_from,
     )  # fmt: skip
     if config is not None and keywords != EvalConfig():
         raise UserError("evaluate(): pass either config= or keyword arguments, not both")
@@ -126,12 +134,14 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
     """:func:`evaluate` with its configuration in one object."""
     data, src, probing, output = cfg.data, cfg.source, cfg.probe, cfg.output
     cfg.check()
-    configs = finetune_configs(probing.protocol, probing.alf, probing.aff)
+    finetune_configs(probing.protocol, probing.alf, probing.aff)  # checked before any loading
+    check_recipe(probing.finetune_recipe, probing.alf, probing.aff)
     refuse_reference_dir(output.out)  # the repository's reference leaderboard is not a user's output folder
     dev = resolve_device(cfg.device)
     loaded_suite, suites = load_suites(cfg.attack.suite, cfg.attack.setting_suites)
     kinds = parse_setting_kinds(probing.finetune_settings, "finetune settings")
-    parse_corruptions(data.corruptions)  # type: ignore[arg-type]  # names are checked before any loading
+    if data.corruptions_from is None:  # names are checked before any loading (released ones: below)
+        parse_corruptions(data.corruptions)  # type: ignore[arg-type]
     parse_severities(data.severities)  # type: ignore[arg-type]
     encoder, info = load_source(
         checkpoint, data.dataset, arch=src.arch, fmt=src.fmt, normalize=src.normalize, name=src.name
@@ -151,22 +161,32 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
         n_examples=data.n_examples,
         probe=probing.probe,
     )
-    settings = settings_for(parse_spec(dataset), data.transfer, data.shift, data.corruptions, data.severities)
+    settings = settings_for(
+        parse_spec(dataset),
+        data.transfer,
+        data.shift,
+        data.corruptions,
+        data.severities,
+        data.corruptions_from,
+    )
     all_rows: list[ResultRow] = []
     computed = 0
     out = Path(output.out)
-    for finetune in configs:  # one pass per protocol: SLF's identities carry no finetune field
+    plan = recipe_plan(
+        probing.finetune_recipe, probing.protocol, settings, kinds, alf=probing.alf, aff=probing.aff,
+        loss=base["loss"], dual_bn=has_dual_bn(encoder),
+    )  # fmt: skip
+    for finetune, run in plan:  # one pass per protocol and configuration (uniform SLF: no finetune field)
         job = Job(
             encoder, suites, base, fields.for_protocol(finetune), out, cfg.attack.batch_size, dev,
             output.progress, heads=Path(probing.heads) if probing.heads else None,
             save_heads=output.save_heads, finetune=finetune,
         )  # fmt: skip
-        run = protocol_settings(settings, finetune, kinds)
         rows, n = run_protocol(job, run, force=output.force, data_root=data.data_root)
         all_rows += rows
         computed += n
     rewrite_vanished(out, all_rows)
-    summary = _summary(job, info, src.control, computed=computed, reused=len(all_rows) - computed)
+    summary = _summary(out, base, info, src.control, computed=computed, reused=len(all_rows) - computed)
     return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
 
 
@@ -186,30 +206,42 @@ def planned_identities(
     aff: AffConfig | None = None,
     setting_suites: Mapping[str, str | Path | dict[str, Any] | Suite] | None = None,
     finetune_settings: str | Sequence[str] | None = None,
+    finetune_recipe: str = "uniform",
+    loss: str | None = None,
+    dual_bn: bool = False,
+    corruptions_from: str | None = None,
     **_: Any,
 ) -> list[dict[str, Any]]:
     """Identities of every row ``evaluate(checkpoint, dataset=dataset, **kwargs)`` writes, computed
     without the checkpoint: ``checkpoint_sha256`` is None (the caller knows the checkpoint by id).
 
     Takes evaluate's own keyword arguments (those that do not enter a row's identity are ignored), so a
-    caller that evaluates with a dict of arguments checks completeness with the very same dict.
+    caller that evaluates with a dict of arguments checks completeness with the very same dict. What
+    the identities need of the checkpoint itself: ``loss`` (its family: a named recipe's settings
+    depend on it) and ``dual_bn`` (whether it has dual BatchNorm: its AFF rows record dual-BN TRADES).
     """
     loaded, suites = load_suites(suite, setting_suites)
     kinds = parse_setting_kinds(finetune_settings, "finetune settings")
     fields = identity_fields(loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe)
-    settings = settings_for(dataset, transfer, shift, corruptions, severities)
+    settings = settings_for(dataset, transfer, shift, corruptions, severities, corruptions_from)
+    check_recipe(finetune_recipe, alf, aff)
+    plan = recipe_plan(
+        finetune_recipe, protocol, settings, kinds, alf=alf, aff=aff, loss=loss, dual_bn=dual_bn
+    )
     out = []
-    for cfg in finetune_configs(protocol, alf, aff):  # as evaluate does: SLF has no finetune field
+    for cfg, run in plan:  # as evaluate does
         pfields = fields.for_protocol(cfg)
-        for s in protocol_settings(settings, cfg, kinds):
+        for s in run:
             out += expected_identities(s, suites[s.name], pfields.for_suite(suites[s.name]))
     return out
 
 
-def _summary(job: Job, info: CheckpointInfo, control: bool, *, computed: int, reused: int) -> str:
+def _summary(
+    out: Path, base: dict[str, Any], info: CheckpointInfo, control: bool, *, computed: int, reused: int
+) -> str:
     """One line: what was evaluated, how many rows were computed, how many already existed."""
-    rows_dir = job.out / ROWS_DIR
-    what = job.base["checkpoint_id"]
+    rows_dir = out / ROWS_DIR
+    what = base["checkpoint_id"]
     if control:
         source = info.checkpoint_id or info.encoder
         what = f"random-init control ({what}: an untrained {info.encoder} shaped like {source})"

@@ -1,25 +1,26 @@
-"""Adversarial finetuning protocols of the robust-SSL literature: ALF and AFF.
+"""The finetuning protocols of the robust-SSL literature: SLF, ALF and AFF.
 
-- SLF (standard linear finetuning) is :func:`..probe.fit_linear_probe`: a linear head on cached
-  clean features of the frozen encoder.
+- SLF (standard linear finetuning): under the uniform recipe :func:`..probe.fit_linear_probe`, a
+  linear head on cached clean features of the frozen encoder; under a named recipe (robustssl)
+  :func:`train_slf_head`, SGD on features re-encoded from augmented images.
 - ALF (adversarial linear finetuning): the encoder frozen in eval mode, a linear head trained on PGD
   examples made end to end through normalisation -> encoder -> head (:func:`train_alf_head`).
 - AFF (adversarial full finetuning): encoder and head trained together with TRADES, batch-norm in
-  train mode for the update and eval mode for the inner maximisation (:func:`train_aff`).
+  train mode for the update and eval mode for the inner maximisation (:func:`train_aff`); on a
+  dual-BN encoder the authors' dual-BN TRADES (clean branch for x, adversarial branch for x_adv).
 
-Defaults and their public sources are in docs/decisions.md, 'Finetuning protocols'. Both loops
-save a state after every epoch and draw every random number of epoch ``e`` from a generator seeded
-by ``(seed, protocol, e)``, so a killed run resumes from its last finished epoch bit-identically.
-What is attacked afterwards obeys the project's contract: a :class:`ProbedClassifier` from [0,1]
-images to logits, eval mode, frozen, normalisation inside.
+Defaults and their public sources are in docs/decisions.md, 'Finetuning protocols'; the epoch loop,
+its resume and the augmentation are eval/finetune_loop.py, the named recipes
+eval/finetune_recipes.py. What is attacked afterwards obeys the project's contract: a
+:class:`ProbedClassifier` from [0,1] images to logits, eval mode, frozen, normalisation inside.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +28,31 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from ..attack.grad import input_grad
 from ..data import ImageData
 from ..errors import UserError
-from ..io import atomic_open, canonical_json, sha256_bytes, write_bytes_atomic
+from ..io import canonical_json, sha256_bytes, write_bytes_atomic
+from ..models.dual_bn import bn_route, has_dual_bn, set_bn_route
 from ..models.features import extract_features, knn_accuracy
-from ..results.finetune import PROTOCOLS, AffConfig, AlfConfig, FinetuneConfig, milestones, resolved_step
+from ..results.finetune import (
+    PROTOCOLS,
+    AffConfig,
+    AlfConfig,
+    FinetuneConfig,
+    SlfConfig,
+    dual_bn_on,
+    resolve_dual_bn,
+    resolved_step,
+)
+from .finetune_loop import Run, run_epochs
 from .probe import ProbeConfig, ProbedClassifier, ProbeResult
 
 STATE_DIR = "finetune-state"  # per-epoch resume states, under the evaluation's output folder
 WEIGHTS_DIR = "finetuned"  # AFF weights, content-addressed: finetuned/<sha256>.safetensors
-
-
-def lr_at(cfg: FinetuneConfig, epoch: int) -> float:
-    """The learning rate of (0-based) ``epoch``: MultiStepLR's ``lr * gamma^(milestones passed)``."""
-    return cfg.lr * cfg.gamma ** sum(1 for m in milestones(cfg) if epoch >= m)
+#: the (clean, adversarial) BatchNorm routes of dual-BN TRADES: DynACL test_AFF.py and the benchmark's
+#: ``trades_loss_dual(natural_mode='normal')`` send x through 'normal' and x_adv through 'pgd'
+DUAL_ROUTES = ("clean", "adv")
 
 
 def parse_protocols(text: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -60,13 +69,6 @@ def parse_protocols(text: str | list[str] | tuple[str, ...]) -> list[str]:
 
 
 # ============ the training adversaries ============
-
-
-def epoch_generator(seed: int, protocol: str, epoch: int) -> torch.Generator:
-    """The CPU generator of one epoch: batch order and attack noise come from it alone."""
-    from .benchmark import derive_seed
-
-    return torch.Generator(device="cpu").manual_seed(derive_seed(seed, protocol, epoch))
 
 
 def pgd_training_examples(
@@ -90,6 +92,16 @@ def _box(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return (x - eps).clamp_(min=0.0), (x + eps).clamp_(max=1.0)
 
 
+@contextlib.contextmanager
+def _routed(model: nn.Module, route: str | None) -> Iterator[None]:
+    """``bn_route(model, route)``, or nothing when ``route`` is None (single-route training)."""
+    if route is None:
+        yield
+        return
+    with bn_route(model, route):
+        yield
+
+
 def trades_examples(
     model: nn.Module,
     x: Tensor,
@@ -99,98 +111,44 @@ def trades_examples(
     step_size: float,
     steps: int,
     gen: torch.Generator,
+    route: str | None = None,
 ) -> Tensor:
     """TRADES' inner maximisation: start at ``x + 0.001 N(0,1)``, ``steps`` signed steps on
     ``KL(p_nat || p(x_adv))`` (summed), projection onto ball and [0,1]. ``p_nat``: the clean
-    probabilities of the same model (eval mode), a constant."""
+    probabilities (eval mode), a constant; ``route``: the BatchNorm branch x_adv goes through
+    (dual-BN TRADES: 'adv', while ``p_nat`` came through 'clean'; None: the model as it is)."""
     x_adv = x + 0.001 * torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
     lo, hi = _box(x, eps)
     for _ in range(steps):
         x_adv = x_adv.detach().requires_grad_(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), _routed(model, route):
             kl = F.kl_div(F.log_softmax(model(x_adv), dim=1), p_nat, reduction="sum")
             (g,) = torch.autograd.grad(kl, x_adv)
         x_adv = torch.clamp(x_adv.detach() + step_size * g.sign(), lo, hi)
     return x_adv.detach()
 
 
-def trades_loss(model: nn.Module, x: Tensor, x_adv: Tensor, y: Tensor, beta: float) -> Tensor:
-    """TRADES' outer loss: ``CE(f(x), y) + beta * KL(p(x) || p(x_adv)) / B`` (model as it is: train)."""
-    logits = model(x)
-    kl = F.kl_div(F.log_softmax(model(x_adv), dim=1), F.softmax(logits, dim=1), reduction="sum")
+def trades_loss(
+    model: nn.Module,
+    x: Tensor,
+    x_adv: Tensor,
+    y: Tensor,
+    beta: float,
+    routes: tuple[str, str] | None = None,
+) -> Tensor:
+    """TRADES' outer loss: ``CE(f(x), y) + beta * KL(p(x) || p(x_adv)) / B`` (model as it is: train).
+    ``routes``: the BatchNorm branches of the clean and the adversarial forward (dual-BN TRADES,
+    :data:`DUAL_ROUTES`); each forward updates its own branch's running statistics."""
+    clean, adv = routes or (None, None)
+    with _routed(model, clean):
+        logits = model(x)
+    with _routed(model, adv):
+        logits_adv = model(x_adv)
+    kl = F.kl_div(F.log_softmax(logits_adv, dim=1), F.softmax(logits, dim=1), reduction="sum")
     return F.cross_entropy(logits, y) + beta * kl / len(x)
 
 
-# ============ the epoch loop with resume ============
-
-
-@dataclass
-class _Run:
-    """A finetuning run: what is trained, how, and where its per-epoch state lives."""
-
-    cfg: FinetuneConfig
-    modules: dict[str, nn.Module]  # what the state saves (and the optimizer trains, if trainable)
-    params: list[nn.Parameter]
-    x: Tensor  # uint8 training images (N, C, H, W)
-    y: Tensor
-    seed: int
-    state_path: Path | None
-    progress: bool
-
-
-def _run_epochs(run: _Run, step: Callable[[Tensor, Tensor, torch.Generator], None]) -> None:
-    """SGD with momentum over ``run.cfg.epochs`` epochs; ``step(x, y, gen)`` updates one batch.
-
-    After every epoch the modules' state dicts and the optimizer's state are saved atomically; a
-    saved state is resumed from (loaded with ``weights_only=True``)."""
-    cfg = run.cfg
-    opt = torch.optim.SGD(run.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    start = _resume(run, opt)
-    device = run.params[0].device
-    n, bs = len(run.x), min(cfg.batch_size, len(run.x))
-    bar = tqdm(range(start, cfg.epochs), desc=cfg.protocol, disable=not run.progress, leave=False)
-    for epoch in bar:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, epoch)
-        gen = epoch_generator(run.seed, cfg.protocol, epoch)
-        perm = torch.randperm(n, generator=gen)
-        for i in range(0, n, bs):
-            idx = perm[i : i + bs]
-            xb = run.x[idx].to(device).float().div_(255)
-            step(xb, run.y[idx].to(device), gen)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        _save_state(run, opt, epoch + 1)
-
-
-def _resume(run: _Run, opt: torch.optim.Optimizer) -> int:
-    if run.state_path is None or not run.state_path.is_file():
-        return 0
-    try:
-        state = torch.load(run.state_path, map_location="cpu", weights_only=True)
-        for name, module in run.modules.items():
-            module.load_state_dict(state["modules"][name])
-        opt.load_state_dict(state["optimizer"])
-        return int(state["epoch"])
-    except Exception as e:  # a truncated or foreign file: start over rather than trust it
-        print(f"ignoring unreadable finetuning state {run.state_path} ({type(e).__name__}); starting over")
-        return 0
-
-
-def _save_state(run: _Run, opt: torch.optim.Optimizer, epoch: int) -> None:
-    if run.state_path is None:
-        return
-    state = {
-        "epoch": epoch,
-        "modules": {k: m.state_dict() for k, m in run.modules.items()},
-        "optimizer": opt.state_dict(),
-    }
-    run.state_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(run.state_path, "wb") as f:
-        torch.save(state, f)
-
-
-# ============ ALF and AFF ============
+# ============ SLF, ALF and AFF ============
 
 
 def init_head(dim: int, num_classes: int, seed: int, device: torch.device | str = "cpu") -> nn.Linear:
@@ -205,6 +163,55 @@ def init_head(dim: int, num_classes: int, seed: int, device: torch.device | str 
     return head.to(device)
 
 
+def zero_head(dim: int, num_classes: int, seed: int, device: torch.device | str = "cpu") -> nn.Linear:
+    """A linear head of zeros (the RobustSSL benchmark's ``fc.weight/fc.bias = zeros``); ``seed`` unused."""
+    head = nn.Linear(dim, num_classes)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+    return head.to(device)
+
+
+#: ``head_init`` -> how a finetuned head starts
+HEAD_INIT: dict[str, Callable[..., nn.Linear]] = {"uniform": init_head, "zeros": zero_head}
+
+
+def make_head(cfg: FinetuneConfig, encoder: nn.Module, data: ImageData, seed: int) -> nn.Linear:
+    """The head a protocol starts from, as ``cfg.head_init`` says, on the encoder's device."""
+    device = next(encoder.parameters()).device
+    return HEAD_INIT[cfg.head_init](_feature_dim(encoder, data), data.num_classes, seed, device)
+
+
+def train_slf_head(
+    encoder: nn.Module,
+    train: ImageData,
+    cfg: SlfConfig | None = None,
+    *,
+    seed: int = 0,
+    head: nn.Linear | None = None,
+    state_path: str | Path | None = None,
+    progress: bool = False,
+) -> nn.Linear:
+    """SLF by SGD (the benchmark's): a linear head on features re-encoded from every (augmented)
+    batch by the frozen encoder in eval mode; mean cross-entropy. Returns the new head."""
+    cfg = cfg or SlfConfig()
+    cfg.check()
+    encoder.eval().requires_grad_(False)
+    head = make_head(cfg, encoder, train, seed) if head is None else copy.deepcopy(head)
+    head.requires_grad_(True)
+
+    def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
+        with torch.no_grad():
+            f = encoder(x)
+        F.cross_entropy(head(f), y).backward()
+
+    run = Run(
+        cfg, {"head": head}, list(head.parameters()), train.x, train.y, seed, _path(state_path), progress
+    )
+    run_epochs(run, step)
+    return head.requires_grad_(False)
+
+
 def train_alf_head(
     encoder: nn.Module,
     train: ImageData,
@@ -217,16 +224,14 @@ def train_alf_head(
 ) -> nn.Linear:
     """ALF: train a linear head on PGD examples through the frozen encoder (eval mode, unchanged).
 
-    ``head`` starts the training (default: :func:`init_head` from ``seed``; it is copied, not
+    ``head`` starts the training (default: ``cfg.head_init`` from ``seed``; it is copied, not
     modified). Per batch: ``cfg.steps`` PGD steps through encoder and current head, then one SGD
     step on the mean cross-entropy of the head on the adversarial features. Returns the new head.
     """
     cfg = cfg or AlfConfig()
     cfg.check()
-    device = next(encoder.parameters()).device
     encoder.eval().requires_grad_(False)
-    dim = _feature_dim(encoder, train)
-    head = init_head(dim, train.num_classes, seed, device) if head is None else copy.deepcopy(head)
+    head = make_head(cfg, encoder, train, seed) if head is None else copy.deepcopy(head)
     head.requires_grad_(True)
     attacked = _Frozen(encoder, head)
     step_size = resolved_step(cfg)
@@ -239,10 +244,10 @@ def train_alf_head(
             f = encoder(x_adv)
         F.cross_entropy(head(f), y).backward()
 
-    run = _Run(
+    run = Run(
         cfg, {"head": head}, list(head.parameters()), train.x, train.y, seed, _path(state_path), progress
     )
-    _run_epochs(run, step)
+    run_epochs(run, step)
     return head.requires_grad_(False)
 
 
@@ -260,27 +265,36 @@ def train_aff(
 
     Per batch: clean probabilities and ``cfg.steps`` inner steps with the whole model in eval mode
     (the authors' ``model.eval()`` in ``trades_loss``), then the outer loss with batch-norm in train
-    mode and one SGD step. ``head`` is where the head starts (a fresh :func:`init_head` for AFF, a
-    linear probe's head for LP-AFT / DynACL++); inputs are never modified.
+    mode and one SGD step. On a dual-BN encoder (``cfg.dual_bn`` auto/on) every clean forward takes
+    the clean branch and every forward of x_adv the adversarial one, which is then the branch the
+    returned encoder evaluates (DynACL ``test_AFF.py``, the benchmark's ``trades_loss_dual``).
+    ``head`` is where the head starts (a fresh head for AFF, a linear probe's head for LP-AFT /
+    DynACL++); inputs are never modified.
     """
     cfg = cfg or AffConfig()
     cfg.check()
     model = nn.Sequential(copy.deepcopy(encoder), copy.deepcopy(head))
     model.requires_grad_(True)
     step_size = resolved_step(cfg)
+    dual = dual_bn_on(cfg, has_dual_bn(model))
+    clean, adv = DUAL_ROUTES if dual else (None, None)
 
     def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), _routed(model, clean):
             p_nat = F.softmax(model(x), dim=1)
-        x_adv = trades_examples(model, x, p_nat, eps=cfg.eps, step_size=step_size, steps=cfg.steps, gen=gen)
+        x_adv = trades_examples(
+            model, x, p_nat, eps=cfg.eps, step_size=step_size, steps=cfg.steps, gen=gen, route=adv
+        )
         model.train()
-        trades_loss(model, x, x_adv, y, cfg.beta).backward()
+        trades_loss(model, x, x_adv, y, cfg.beta, DUAL_ROUTES if dual else None).backward()
 
-    run = _Run(
+    run = Run(
         cfg, {"model": model}, list(model.parameters()), train.x, train.y, seed, _path(state_path), progress
     )
-    _run_epochs(run, step)
+    run_epochs(run, step)
+    if dual:  # the authors export and evaluate the 'pgd' branch (cvt_state_dict_AFF, bnNameCnt 1)
+        set_bn_route(model, "adv")
     model.eval().requires_grad_(False)
     return model[0], model[1]
 
@@ -336,31 +350,53 @@ def fit_protocol(
     key: str,
     progress: bool = False,
 ) -> tuple[ProbedClassifier, ProbeResult, dict[str, Any]]:
-    """Run ALF or AFF for ``evaluate``: (attacked classifier, clean metrics, row fields).
+    """Run a finetuning protocol for ``evaluate``: (attacked classifier, clean metrics, row fields).
 
+    ``cfg``: ALF, AFF, or a named recipe's SLF (the uniform recipe's SLF is the probe, not this).
     ``encoder`` is the evaluation's private copy. The probe's ``seed`` and ``max_train`` apply (head
-    initialisation, training subset; ``cfg.max_train``, when set, instead); its epochs/lr are SLF's
-    and unused here. AFF's weights are
-    written content-addressed under ``out/finetuned/`` and their sha256 is a row field.
+    initialisation, training subset; ``cfg.max_train``, when set, instead); its epochs/lr are the
+    cached probe's and unused here. AFF's weights are written content-addressed under
+    ``out/finetuned/`` and their sha256 is a row field.
     """
     seed = 0 if probe.seed is None else probe.seed
     n = cfg.max_train if cfg.max_train is not None else probe.max_train
     if n is not None:
         train = dataclasses.replace(train, x=train.x[:n], y=train.y[:n])
+    if isinstance(cfg, AffConfig):  # evaluate resolved it already: the identity must be the planned one
+        cfg = resolve_dual_bn(cfg, has_dual_bn(encoder))
     state = out / STATE_DIR / f"{key}.pt"
-    if isinstance(cfg, AlfConfig):
-        head = train_alf_head(encoder, train, cfg, seed=seed, state_path=state, progress=progress)
-    else:
-        encoder.eval()
-        head0 = init_head(
-            _feature_dim(encoder, train), train.num_classes, seed, next(encoder.parameters()).device
-        )
-        encoder, head = train_aff(encoder, head0, train, cfg, seed=seed, state_path=state, progress=progress)
-    classifier = ProbedClassifier(encoder, head)
+    classifier = _TRAINERS[cfg.protocol](cfg, encoder, train, seed, state, progress)
     fields: dict[str, Any] = {"finetune": cfg.identity()}
     if isinstance(cfg, AffConfig):
         fields["finetuned_sha256"] = save_weights(out, classifier)
     return classifier, _metrics(classifier, train, test, probe, cfg), fields
+
+
+def _fit_slf(
+    cfg: Any, encoder: nn.Module, train: ImageData, seed: int, state: Path, progress: bool
+) -> ProbedClassifier:
+    head = train_slf_head(encoder, train, cfg, seed=seed, state_path=state, progress=progress)
+    return ProbedClassifier(encoder, head)
+
+
+def _fit_alf(
+    cfg: Any, encoder: nn.Module, train: ImageData, seed: int, state: Path, progress: bool
+) -> ProbedClassifier:
+    head = train_alf_head(encoder, train, cfg, seed=seed, state_path=state, progress=progress)
+    return ProbedClassifier(encoder, head)
+
+
+def _fit_aff(
+    cfg: Any, encoder: nn.Module, train: ImageData, seed: int, state: Path, progress: bool
+) -> ProbedClassifier:
+    encoder.eval()
+    head0 = make_head(cfg, encoder, train, seed)
+    encoder, head = train_aff(encoder, head0, train, cfg, seed=seed, state_path=state, progress=progress)
+    return ProbedClassifier(encoder, head)
+
+
+#: protocol -> how fit_protocol trains its classifier (SLF here: a named recipe's SGD head)
+_TRAINERS: dict[str, Callable[..., ProbedClassifier]] = {"slf": _fit_slf, "alf": _fit_alf, "aff": _fit_aff}
 
 
 def _metrics(

@@ -18,6 +18,8 @@ from tqdm.auto import tqdm
 from ..attack.suites import Suite
 from ..data import ImageData, load_dataset
 from ..data.corruptions import corrupt
+from ..data.released import read_released, released_labels
+from ..errors import UserError
 from ..io import check_writable_dir, sha256_bytes
 from ..locks import advisory_lock, remove_temporaries
 from ..results import rows as results
@@ -68,6 +70,8 @@ def run_protocol(
     plan = [(s, *_existing(job, s, force)) for s in settings]
     work = [s for s, ids, done in plan if len(done) < len(ids)]
     data = {s: _load(s, data_root) for s in work}  # a missing dataset fails before any row is written
+    for s in work:  # and so does a released corruption set that is not this test set
+        _check_released(s, data[s][1].y[: job.ident.n_examples])
     if work:
         check_writable_dir(job.out / results.ROWS_DIR)  # fail before probing and attacking
     rows: list[ResultRow] = []
@@ -140,8 +144,7 @@ def _run_setting(
     n = job.ident.n_examples
     x_test, y_test = test.x[:n], test.y[:n]  # the first n test examples: fixed and documented
     if setting.corruption:
-        seed = derive_seed(job.ident.seed, "corruption", setting.corruption, setting.severity)
-        x_test = corrupt(x_test, setting.corruption, int(setting.severity or 1), seed)
+        x_test = _corrupted(job, setting, x_test, y_test)
     classifier, probe_result, finetuned = _fit(job, setting, train, test)
     probe_s = time.perf_counter() - t0
     suite, _ = job.suite_of(setting)
@@ -183,6 +186,30 @@ def _run_setting(
         results.write_row(job.out, row)
         written.append(row)
     return written
+
+
+def _check_released(setting: Setting, y_test: torch.Tensor) -> None:
+    """A released corruption set must list this test set in its order: its labels of the first n
+    images must be the test set's first n labels (a one-line UserError otherwise)."""
+    if setting.corruption_dir is None:
+        return
+    severity = int(setting.severity or 1)
+    y = released_labels(setting.corruption_dir, str(setting.corruption), severity, n=len(y_test))
+    if len(y) != len(y_test) or not torch.equal(y, y_test):
+        raise UserError(
+            f"{setting.corruption_dir}: the labels of {setting.corruption} severity {severity} are not the "
+            f"first {len(y_test)} test labels of {setting.dataset}; is it {setting.corruption_source}?"
+        )
+
+
+def _corrupted(job: Job, setting: Setting, x_test: torch.Tensor, y_test: torch.Tensor) -> torch.Tensor:
+    """The test images of a corruption setting: read from its released set, else computed here."""
+    severity = int(setting.severity or 1)
+    if setting.corruption_dir is None:
+        seed = derive_seed(job.ident.seed, "corruption", setting.corruption, setting.severity)
+        return corrupt(x_test, str(setting.corruption), severity, seed)
+    _check_released(setting, y_test)  # the files may have changed since the run started
+    return read_released(setting.corruption_dir, str(setting.corruption), severity, n=len(y_test))[0]
 
 
 def _fit(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import plugins
@@ -14,6 +14,7 @@ from ..attack.base import ATTACKS
 from ..attack.suites import Suite, load_suite
 from ..data import DatasetSpec, parse_spec
 from ..data.corruptions import parse_corruptions, parse_severities
+from ..data.released import TRANSFER_AT_SIZE, parse_released, released_folder, released_set
 from ..errors import UserError
 from ..results import rows as results
 from ..results.finetune import AffConfig, AlfConfig, FinetuneConfig
@@ -55,6 +56,9 @@ class Setting:
     shift: str | None = None
     corruption: str | None = None  # the in-domain probe, tested on corrupted test images
     severity: int | None = None
+    # the released set the corrupted images are read from ("CIFAR-10-C"); None: computed here
+    corruption_source: str | None = None
+    corruption_dir: str | None = field(default=None, compare=False)  # where its .npy files are
 
     @property
     def dataset(self) -> str:
@@ -78,16 +82,19 @@ def settings_for(
     shift: str | Iterable[str] | None,
     corruptions: str | Iterable[str] | None = None,
     severities: str | Iterable[int] | None = None,
+    corruptions_from: str | None = None,
 ) -> list[Setting]:
     """The settings to run: in-domain always, plus transfer targets and shift variants.
 
     Datasets are canonical specs (``digits:5,6,7,8,9`` -> ``digits:5-9``); a target named twice
-    in two spellings is one setting.
+    in two spellings is one setting. A target the RobustSSL benchmark resizes to the in-domain size
+    is that resized dataset (``stl10`` from a 32-pixel dataset: ``stl10-32``, :func:`at_size`).
+    ``corruptions_from``: a folder of a released corruption set to read instead of computing them.
     """
     spec = parse_spec(dataset)
     out = [Setting("in-domain", spec.canonical())]
     targets = [transfer] if isinstance(transfer, str | DatasetSpec) else list(transfer or [])
-    out += [Setting("transfer", parse_spec(t).canonical()) for t in targets]
+    out += [Setting("transfer", at_size(parse_spec(t), spec).canonical()) for t in targets]
     if shift:
         names = SHIFT_NAMES if shift == "all" else ([shift] if isinstance(shift, str) else list(shift))
         for s in names:
@@ -95,7 +102,7 @@ def settings_for(
                 if part not in SHIFT_NAMES:
                     raise UserError(f"unknown shift {part!r}; valid choices: all, {', '.join(SHIFT_NAMES)}")
                 out.append(Setting("shift", spec.with_shift(part).canonical(), part))
-    out += corruption_settings(spec, corruptions, severities)
+    out += corruption_settings(spec, corruptions, severities, corruptions_from)
     for s in out:
         if s.spec.subset is not None and len(s.spec.subset) < 2:
             raise UserError(
@@ -104,22 +111,45 @@ def settings_for(
     return list(dict.fromkeys(out))
 
 
+def at_size(target: DatasetSpec, source: DatasetSpec) -> DatasetSpec:
+    """The transfer target the RobustSSL benchmark evaluates from ``source``: ``stl10`` from a
+    32-pixel dataset is ``stl10-32`` (its ``Resize(32)``); any other target is itself."""
+    name = TRANSFER_AT_SIZE.get((target.name, int(source.info["size"])))
+    return dataclasses.replace(target, name=name) if name else target
+
+
 def corruption_settings(
     dataset: str | DatasetSpec,
     corruptions: str | Iterable[str] | None,
     severities: str | Iterable[int] | None,
+    corruptions_from: str | None = None,
 ) -> list[Setting]:
     """One ``corruption`` setting per (corruption, severity): the in-domain dataset's test images
-    corrupted (docs/decisions.md, 'Corruptions'); ``all`` means those that suit its channels."""
+    corrupted (docs/decisions.md, 'Corruptions'); ``all`` means those that suit its channels. With
+    ``corruptions_from`` (a folder of the released CIFAR-10-C / CIFAR-100-C files) they are read
+    from there (``all``: the RobustSSL benchmark's 15), and their rows name the set."""
     if not corruptions:
-        if severities:
-            raise UserError("--severities needs --corruptions (all or a comma list of names)")
+        if severities or corruptions_from:
+            what = "--severities" if severities else "--corruptions-from"
+            raise UserError(f"{what} needs --corruptions (all or a comma list of names)")
         return []
     spec = parse_spec(dataset)
-    names = parse_corruptions(corruptions, spec.channels)  # type: ignore[arg-type]
+    source = folder = None
+    if corruptions_from is None:
+        names = parse_corruptions(corruptions, spec.channels)  # type: ignore[arg-type]
+    else:
+        if spec.subset is not None or spec.shift:
+            raise UserError(f"--corruptions-from reads whole test sets; {spec} is a subset or shift of one")
+        found = released_folder(corruptions_from, spec.name)
+        text = corruptions if isinstance(corruptions, str) else ",".join(corruptions)
+        names, source, folder = parse_released(text, found), released_set(spec.name).folder, str(found)
     levels = parse_severities(severities)  # type: ignore[arg-type]
     base = spec.canonical()
-    return [Setting("corruption", base, corruption=c, severity=s) for c in names for s in levels]
+    return [
+        Setting("corruption", base, corruption=c, severity=s, corruption_source=source, corruption_dir=folder)
+        for c in names
+        for s in levels
+    ]
 
 
 def parse_setting_kinds(text: str | Iterable[str] | None, what: str) -> tuple[str, ...] | None:
@@ -241,7 +271,10 @@ class IdentityFields:
 def corruption_fields(setting: Setting) -> dict[str, Any]:
     """The corruption and severity of a corruption setting's rows; nothing for any other setting."""
     # only corruption rows carry these: every other row keeps its fields and its id
-    return {"corruption": setting.corruption, "severity": setting.severity} if setting.corruption else {}
+    if not setting.corruption:
+        return {}
+    released = {"corruption_source": setting.corruption_source} if setting.corruption_source else {}
+    return {"corruption": setting.corruption, "severity": setting.severity, **released}
 
 
 def expected_identities(setting: Setting, suite: Suite, fields: IdentityFields) -> list[dict[str, Any]]:

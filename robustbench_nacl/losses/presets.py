@@ -26,7 +26,7 @@ from ..augment.views import VIEW_MAKERS
 from ..errors import UserError
 from ..models.heads import HEADS, head_builds
 from ..registry import Registry, did_you_mean
-from .adversarial import ACL_ATTACK, DEACL_ATTACK, ROCL_ATTACK
+from .adversarial import ACL_ATTACK, AIR_DEFAULTS, DEACL_ATTACK, ROCL_ATTACK
 from .estimators import autocast_off
 from .objectives import AGGREGATORS, OBJECTIVES, Objective, needs, project
 from .params import (
@@ -246,6 +246,26 @@ _adv_preset(
     views="pad_crop_flip",
     head="none",
     dual_bn=False,
+)
+_adv_preset(
+    "acl_air",
+    "Xu et al. 2023, AIR (NeurIPS)",
+    "ACL-AIR: NT-Xent(clean) + NT-Xent(adv) + 0.5 SIR + 0.5 AIR on the original image, dual BN",
+    {**ACL_ATTACK, **AIR_DEFAULTS, "aug_strength": 1.0, "dyn_aug": False},
+    objective="air",
+    views="acl_original",
+    head="acl_mlp3_dualbn",
+    t=0.5,
+)
+_adv_preset(
+    "dynacl_air",
+    "Xu et al. 2023, AIR (NeurIPS)",
+    "DynACL-AIR: (1 - w) NT-Xent(clean) + (1 + w) NT-Xent(adv) + 0.5 (SIR + AIR); strength 1 -> 0, w -> 2/3",
+    {**ACL_ATTACK, **AIR_DEFAULTS, "dyn_aug": True, "reload_frac": 0.05, "swap_param": 2 / 3},
+    objective="air",
+    views="acl_original",
+    head="acl_mlp3_dualbn",
+    t=0.5,
 )
 
 

@@ -79,6 +79,9 @@ def _check_manifest_types(manifest: dict[str, Any], p: Path) -> None:
     weights = manifest["weights"]
     if not isinstance(weights, str) or not weights or len(weights) > 255:
         raise bad("weights", "a file name")
+    if Path(weights).name != weights or weights in (".", "..") or "\\" in weights:
+        # the weights lie beside the manifest; a path could name (or write, on download) any file
+        raise bad("weights", f"a file name beside the manifest, not the path {weights[:60]!r}")
     sha = manifest["weights_sha256"]
     if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise bad("weights_sha256", "64 lowercase hex digits")

@@ -3,7 +3,9 @@ route that picks between them (docs/decisions.md, 'Robust term').
 
 With ``dual_bn=True`` every BatchNorm becomes a :class:`DualBatchNorm` with a clean branch ``.main``
 and an adversarial branch ``.aux`` (momentum 0.01). :func:`bn_route` temporarily switches all of
-them; the default route, and hence evaluation, is the clean branch. :func:`strip_dual_bn` exports
+them; the default route is the clean branch. Evaluation takes the branch the checkpoint's manifest
+names (``eval_bn_route``): the adversarial one for ACL and DynACL, as their authors evaluate them,
+the clean one otherwise; the model card says which (``bn_branch``). :func:`strip_dual_bn` exports
 the clean branch as a plain state dict.
 """
 

@@ -349,8 +349,16 @@ def _protocol_view(entries: list[Entry]) -> dict[tuple[str, ...], str]:
     # the finetuning protocol as one leaf ("SLF", or "ALF (eps 0.0314, steps 10, ...)"): shown only
     # where tables differ in it, so SLF-only leaderboards render as before
     ft = e.protocol.get("finetune") or {}
+    # a named finetuning recipe first, as name/method/dataset (eval/finetune_recipes.py)
+    recipe = ft.get("recipe")
+    named = [f"recipe {'/'.join(map(str, recipe.values()))}"] if isinstance(recipe, dict) else []
     settings = ", ".join(
-        f"{k} {_fmt_value(v)}" for k, v in sorted(ft.items()) if k != "protocol" and v is not None
+        named
+        + [
+            f"{k} {_fmt_value(v)}"
+            for k, v in sorted(ft.items())
+            if k not in ("protocol", "recipe") and v is not None
+        ]
     )
     out[("protocol",)] = f"{str(ft.get('protocol', 'slf')).upper()}" + (f" ({settings})" if settings else "")
     suites = sorted({str(r.get("suite") or "?") for x in entries for r in x.rows})

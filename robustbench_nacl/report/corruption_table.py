@@ -13,8 +13,8 @@ from collections import defaultdict
 
 from .aggregate import Context, Entry, Recipe, Table
 from .fmt import pct
-from .markdown import _heading, _ident_cols, _ident_headers, _show_differs, _table_md
 from .ranking import tie
+from .table_layout import heading, ident_cols, ident_headers, show_differs, table_md
 
 
 def _mean(entries: list[Entry], metric: str) -> float | None:
@@ -41,15 +41,15 @@ def table_corruption(ctx: Context, table: Table) -> list[str]:
     severities = sorted({int(e.rows[0]["severity"]) for e in table.entries})
     names = sorted({str(e.rows[0]["corruption"]) for e in table.entries})
     metric, label = table.rank_metric, table.rank_label
-    differs = _show_differs(table.entries)
-    heads, align = _ident_headers(ctx, "corruption", differs)
+    differs = show_differs(table.entries)
+    heads, align = ident_headers(ctx, "corruption", differs)
     heads += ["n", *(f"s{s} clean" for s in severities), *(f"s{s} {label}" for s in severities)]
     heads += ["mean clean", f"mean {label} ▼", "sanity"]
     align += ["right"] * (2 * len(severities) + 3) + ["left"]
     body = []
     for rank, (_, per_sev) in enumerate(corruption_means(table), 1):
         every = [e for es in per_sev.values() for e in es]
-        ident = _ident_cols(ctx, every[0], differs)
+        ident = ident_cols(ctx, every[0], differs)
         ident[0] = str(rank)
         line = [*ident, str(max(len(e.runs) for e in every))]
         line += [pct(_mean(per_sev.get(s, []), "clean")) for s in severities]
@@ -66,4 +66,4 @@ def table_corruption(ctx: Context, table: Table) -> list[str]:
         "(no interval: results.csv has every corruption and severity with its interval). "
         "▼: the ranking column; ties by mean clean accuracy."
     )
-    return [*_heading(title, table, what), _table_md(heads, body, align), "", caption, ""]
+    return [*heading(title, table, what), table_md(heads, body, align), "", caption, ""]

@@ -27,6 +27,8 @@ from . import export, figures, html, markdown, protocols
 from .aggregate import HEADLINE_EPS, Context, aggregate, validate_rows
 from .compare import attach_comparisons
 from .ranking import rank_tables
+from .reported import load_reported
+from .reported import markdown_section as reported_section
 from .sources import load_dirs, match_protocols
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ def render_leaderboard(
     baseline: str | None = None,
     baseline_recipe: str | None = None,
     left_out: Sequence[str] = (),
+    reported: str | None = None,
 ) -> dict[str, Path]:
     """Write every leaderboard output into ``out``; returns {file name: path} of the files written.
 
@@ -72,7 +75,11 @@ def render_leaderboard(
     ``left_out``: one-line notices about rows not rendered (:func:`.sources.match_protocols`).
     Ablation plots are written only where an M or lambda grid exists; a skipped one is absent from
     the returned dict, logged, and named under "skipped" in leaderboard.json and LEADERBOARD.md.
+    ``reported``: a reported set (:mod:`.reported`, e.g. "robustssl") whose published numbers get
+    their own section of LEADERBOARD.md beside the matching tables; nothing else changes.
     """
+    if reported is not None:
+        load_reported(reported)  # an unknown or unreadable set fails before anything is written
     ctx, dropped = build_context(
         rows, headline_eps=headline_eps, rank_by=rank_by, baseline=baseline, baseline_recipe=baseline_recipe
     )
@@ -98,6 +105,8 @@ def render_leaderboard(
     page = markdown.render_markdown(
         ctx, title=title, command=command, dropped=dropped, figures=captions, skipped=skipped
     )
+    if reported is not None:
+        page += "\n" + "\n".join(reported_section(ctx, reported))
     write("LEADERBOARD.md", page.encode())
     recs = export.records(ctx)
     write("results.csv", export.results_csv(recs))
@@ -122,6 +131,7 @@ def main_leaderboard(
     baseline: str | None = None,
     baseline_recipe: str | None = None,
     notify: Callable[[str], None] | None = None,
+    reported: str | None = None,
 ) -> dict[str, Path]:
     """CLI entry: load the rows of one directory or several (the first yours, the others the
     reference: :mod:`.sources`) and render the leaderboard into ``out``. Each one-line notice about
@@ -140,4 +150,5 @@ def main_leaderboard(
         baseline=baseline,
         baseline_recipe=baseline_recipe,
         left_out=notices,
+        reported=reported,
     )

@@ -8,8 +8,6 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tabulate import tabulate
-
 from ..results.eps import eps_label
 from ..results.rows import SETTINGS
 from . import protocols
@@ -25,49 +23,10 @@ from .aggregate import (
     provenance,
 )
 from .compare import NO_BITS, table_delta
+from .corruption_table import table_corruption
 from .fmt import MISSING, fmt_points, fmt_with_n, n_clipped, p_label, pct
 from .ranking import tie
-
-
-def _table_md(headers: list[str], body: list[list[str]], align: list[str]) -> str:
-    return tabulate(body, headers=headers, tablefmt="github", colalign=align, disable_numparse=True)
-
-
-def _show_differs(entries: list[Entry]) -> bool:
-    return any(e.recipe.differs for e in entries)
-
-
-def _ident_cols(ctx: Context, e: Entry, differs: bool) -> list[str]:
-    cols = [str(e.rank), e.recipe.family, e.recipe.key_params or MISSING]
-    if differs:
-        cols.append(e.recipe.differs or MISSING)
-    if ctx.show_encoder:
-        cols.append(e.recipe.encoder)
-    if ctx.show_dataset and e.setting != "in-domain":
-        cols.append(e.recipe.pretrain_dataset)
-    return cols
-
-
-def _ident_headers(ctx: Context, setting: str, differs: bool) -> tuple[list[str], list[str]]:
-    heads = ["rank", "loss family", "key parameters"]
-    if differs:
-        heads.append("differs")
-    if ctx.show_encoder:
-        heads.append("encoder")
-    if ctx.show_dataset and setting != "in-domain":
-        heads.append("pretrained on")
-    return heads, ["right"] + ["left"] * (len(heads) - 1)
-
-
-def _heading(text: str, table: Table, ranked_by: str) -> list[str]:
-    # the heading names the ranking metric; a table whose dataset is also measured under another
-    # protocol says how its protocol differs
-    text = f"{text}, ranked by {ranked_by}"
-    if not table.note:
-        return [text, ""]
-    return [f"{text} — {table.note}", "", f"> Not ranked with the other {table.dataset} tables: "
-            f"their protocols differ ({table.note} here).", ""]  # fmt: skip
-
+from .table_layout import heading, ident_cols, ident_headers, show_differs, table_md
 
 # ============ cells and lines shared by the tables ============
 
@@ -113,7 +72,7 @@ def _ranked_heads(
 ) -> tuple[list[str], list[str]]:
     """Headers and alignment of an in-domain or transfer table: who, n, clean, the ranking metric,
     Δ, the headline attacks, ``extra`` and sanity."""
-    heads, align = _ident_headers(ctx, table.setting, differs)
+    heads, align = ident_headers(ctx, table.setting, differs)
     heads += ["n", "clean", f"{table.rank_label} ▼", *_delta_header(ctx, table), *(h for h, _ in headline)]
     heads += [*extra, "sanity"]
     return heads, align + ["right"] * (len(heads) - len(align) - 1) + ["left"]
@@ -124,7 +83,7 @@ def _ranked_cells(
 ) -> list[str]:
     """The cells of one entry under :func:`_ranked_heads` up to the headline attacks."""
     n = len(e.runs)
-    line = [*_ident_cols(ctx, e, differs), str(n), fmt_with_n(e.stat("clean"), n)]
+    line = [*ident_cols(ctx, e, differs), str(n), fmt_with_n(e.stat("clean"), n)]
     line += [fmt_with_n(e.stat(table.rank_metric), n), *_delta_cell(ctx, table, e)]
     return line + [fmt_with_n(e.stat(m), n) for _, m in headline]
 
@@ -160,7 +119,7 @@ def _table_in_domain(ctx: Context, table: Table) -> list[str]:
     targets = distinct(
         t.dataset for t in ctx.entries if t.setting == "transfer" and (t.recipe.recipe_id, t.context) in ids
     )
-    differs = _show_differs(group)
+    differs = show_differs(group)
     metric, headline = table.rank_metric, _headline_cols(ctx, table)
     to_targets = [f"→ {t} clean / {table.rank_label}" for t in targets]
     gaps = _gap_eps(group)
@@ -173,14 +132,14 @@ def _table_in_domain(ctx: Context, table: Table) -> list[str]:
             line.append(" / ".join(pct(te.stat(m).mean) for m in ("clean", metric)) if te else MISSING)
         line.append(ctx.flag([e]))
         body.append(line)
-    heading = _heading(f"## In-domain: probe on {table.dataset}", table, table.rank_label)
-    return [*heading, _table_md(heads, body, align), "", *_caption(ctx, table)]
+    title = heading(f"## In-domain: probe on {table.dataset}", table, table.rank_label)
+    return [*title, table_md(heads, body, align), "", *_caption(ctx, table)]
 
 
 def _table_transfer(ctx: Context, table: Table) -> list[str]:
     group = sorted(table.entries, key=lambda e: e.rank)
     sources = join(e.recipe.pretrain_dataset for e in group)
-    differs = _show_differs(group)
+    differs = show_differs(group)
     headline = _headline_cols(ctx, table)
     gaps = _gap_eps(group)
     heads, align = _ranked_heads(ctx, table, differs, headline, _gap_heads(gaps))
@@ -189,8 +148,8 @@ def _table_transfer(ctx: Context, table: Table) -> list[str]:
     ]
     title = f"## Transfer: probe on {table.dataset} (encoders pretrained on {sources})"
     return [
-        *_heading(title, table, table.rank_label),
-        _table_md(heads, body, align),
+        *heading(title, table, table.rank_label),
+        table_md(heads, body, align),
         "",
         *_caption(ctx, table),
     ]
@@ -220,13 +179,13 @@ def _table_shift(ctx: Context, table: Table) -> list[str]:
     # accuracy per variant is in results.csv), ranked by the metric averaged over the variants
     shifts = distinct(e.shift or e.dataset for e in table.entries)
     metric = table.rank_metric
-    differs = _show_differs(table.entries)
-    heads, align = _ident_headers(ctx, "shift", differs)
+    differs = show_differs(table.entries)
+    heads, align = ident_headers(ctx, "shift", differs)
     heads += ["n", *shifts, "mean clean", f"mean {table.rank_label} ▼", "sanity"]
     align += ["right"] * (len(shifts) + 3) + ["left"]
     body = []
     for rank, (_, cells) in enumerate(shift_ranking(table), 1):
-        ident = _ident_cols(ctx, next(iter(cells.values())), differs)
+        ident = ident_cols(ctx, next(iter(cells.values())), differs)
         ident[0] = str(rank)
         n = max(len(c.runs) for c in cells.values())
         line = [*ident, str(n)]
@@ -235,20 +194,14 @@ def _table_shift(ctx: Context, table: Table) -> list[str]:
         body.append(line)
     what = f"{table.rank_label} averaged over the variants"
     title = f"## Shift: probe on shifted {table.dataset} (cells: {table.rank_label} per variant)"
-    return [*_heading(title, table, what), _table_md(heads, body, align), "", *_caption(ctx, table)]
-
-
-def _table_corruption(ctx: Context, table: Table) -> list[str]:
-    from .corruption_table import table_corruption  # its own module; it reuses this one's helpers
-
-    return table_corruption(ctx, table)
+    return [*heading(title, table, what), table_md(heads, body, align), "", *_caption(ctx, table)]
 
 
 TABLES: dict[str, Callable[[Context, Table], list[str]]] = {
     "in-domain": _table_in_domain,
     "transfer": _table_transfer,
     "shift": _table_shift,
-    "corruption": _table_corruption,
+    "corruption": table_corruption,
 }
 
 

@@ -23,7 +23,8 @@ from .metrics import metric_key, metric_label, metric_name
 
 FIGURE = "robust_by_protocol.png"
 DEFAULTS = {"alf": AlfConfig, "aff": AffConfig}
-Group = tuple[str, str, str]  # (setting, dataset, protocol context without the finetuning protocol)
+# (setting, dataset, protocol context without the finetuning protocol; a named recipe is part of it)
+Group = tuple[str, str, str]
 
 
 def protocol_of(e: Entry) -> str:
@@ -32,16 +33,33 @@ def protocol_of(e: Entry) -> str:
     return str(ft.get("protocol")) if isinstance(ft, dict) else "slf"
 
 
+def recipe_name(e: Entry) -> str:
+    """The named finetuning recipe of the entry's protocol (eval/finetune_recipes.py): ``uniform``
+    for rows without one (every row before recipes existed)."""
+    ft = e.protocol.get("finetune")
+    recipe = ft.get("recipe") if isinstance(ft, dict) else None
+    return str(recipe.get("name")) if isinstance(recipe, dict) else "uniform"
+
+
+#: identity keys no column names: ``dual_bn`` is how AFF resolved on the encoder (not a choice of
+#: settings), a named recipe's settings are the recipe's (its tables say which)
+_NOT_SHOWN = ("dual_bn", "recipe")
+
+
 def column_of(e: Entry) -> str:
     """The entry's column: ``SLF``, ``ALF``, ``AFF``, with the settings that differ from the
-    defaults when they do (``ALF (epochs 200)``), so two ALF recipes never share a column."""
+    defaults when they do (``ALF (epochs 200)``), so two ALF recipes never share a column; a named
+    recipe's columns show only a training subset (``max_train``)."""
     name = protocol_of(e)
     ft = e.protocol.get("finetune")
-    if not isinstance(ft, dict) or name not in DEFAULTS:
+    if not isinstance(ft, dict) or (name not in DEFAULTS and "recipe" not in ft):
         return name.upper()
-    default = DEFAULTS[name]().identity()
+    default = {"max_train": None} if "recipe" in ft else DEFAULTS[name]().identity()
+    shown = ft if "recipe" not in ft else {k: v for k, v in ft.items() if k == "max_train"}
     diff = [
-        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in ft.items() if default.get(k) != v
+        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in shown.items()
+        if default.get(k) != v and k not in _NOT_SHOWN
     ]
     return name.upper() + (f" ({', '.join(diff)})" if diff else "")
 
@@ -56,10 +74,13 @@ def has_protocols(ctx: Context) -> bool:
 
 
 def groups(ctx: Context) -> dict[Group, dict[str, dict[str, Entry]]]:
-    """(setting, dataset, context) -> recipe id -> column -> entry, for groups of >1 protocol."""
+    """(setting, dataset, context) -> recipe id -> column -> entry, for groups of >1 protocol: a
+    named finetuning recipe's entries get groups (tables) of their own."""
     out: dict[Group, dict[str, dict[str, Entry]]] = defaultdict(lambda: defaultdict(dict))
     for e in ctx.entries:
         rest = {k: v for k, v in e.protocol.items() if k not in ("dataset", "setting", "finetune")}
+        if recipe_name(e) != "uniform":  # the uniform recipe's groups keep their keys
+            rest["finetune_recipe"] = recipe_name(e)
         out[(e.setting, e.dataset, _short_hash(rest))][e.recipe.recipe_id][column_of(e)] = e
     return {g: dict(by) for g, by in out.items() if len({p for v in by.values() for p in v}) > 1}
 
@@ -81,9 +102,10 @@ def robust_metric(entries: Iterable[Entry], headline: float | None = None) -> tu
     return None
 
 
-def _header(setting: str, dataset: str, protos: list[str], robust: str) -> list[str]:
+def _header(setting: str, dataset: str, recipe: str, protos: list[str], robust: str) -> list[str]:
     heads = ["family"] + [f"{p} {what}" for p in protos for what in ("clean", robust)]
-    return [f"### {setting} · {dataset}", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    title = f"### {setting} · {dataset}" + ("" if recipe == "uniform" else f" · finetune recipe {recipe}")
+    return [title, "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
 
 
 def markdown_section(ctx: Context) -> list[str]:
@@ -99,12 +121,13 @@ def markdown_section(ctx: Context) -> list[str]:
         "",
     ]
     for (setting, dataset, _), by in groups(ctx).items():
+        recipe = _recipe_name(by)
         protos = sorted({c for v in by.values() for c in v}, key=_order)
         chosen = robust_metric((e for v in by.values() for e in v.values()), ctx.headline_eps)
         if chosen is None:
             continue
         metric, label = chosen
-        md += _header(setting, dataset, protos, label)
+        md += _header(setting, dataset, recipe, protos, label)
         for recipe_id in sorted(by, key=lambda r: ctx.label(_recipe(by[r]))):
             cells = [ctx.label(_recipe(by[recipe_id]))]
             for p in protos:
@@ -147,10 +170,12 @@ def draw(ctx: Context) -> Any:
         return None
     panels = []
     for (setting, dataset, _), by in groups(ctx).items():
+        recipe = _recipe_name(by)
         chosen = robust_metric((e for v in by.values() for e in v.values()), ctx.headline_eps)
         if chosen is not None:
+            title = dataset if recipe == "uniform" else f"{dataset} · {recipe}"
             panels.append(
-                (setting, dataset, by, sorted({c for v in by.values() for c in v}, key=_order), chosen)
+                (setting, title, by, sorted({c for v in by.values() for c in v}, key=_order), chosen)
             )
     if not panels:
         return None
@@ -171,6 +196,11 @@ def draw(ctx: Context) -> Any:
     handles.append(Line2D([], [], color="black", lw=0.8, label="95 % interval"))
     fig.legend(handles=handles, loc="lower left", ncol=LEGEND_COLS, fontsize=8, frameon=False)
     return fig
+
+
+def _recipe_name(by: dict[str, dict[str, Entry]]) -> str:
+    """The finetuning recipe of a group's entries (one per group: it is part of the group's key)."""
+    return recipe_name(next(iter(next(iter(by.values())).values())))
 
 
 def _recipe(by_column: dict[str, Entry]) -> Any:

@@ -37,8 +37,8 @@ def load_dirs(dirs: Sequence[str | Path] | str | Path) -> DirRows:
 
 def published_rows(name: str) -> list[ResultRow]:
     """The committed rows of a published set (``demo``) or model (its name), for ``--rows NAME``."""
+    from ..hub.catalog import find_model, model_rows, published_sets
     from ..packaged import published_dir
-    from ..published import find_model, model_rows, published_sets
 
     if name in published_sets():
         return load_rows(published_dir() / name)

@@ -5,13 +5,51 @@ identity, validated; the training that uses them is ``eval.finetune``, the table
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import UserError
 
 #: The protocols ``evaluate(protocol=...)`` and ``--protocol`` accept, in display order.
 PROTOCOLS = ("slf", "alf", "aff")
+#: How a finetuned head starts: the SLF probe's seeded uniform, or zeros (the RobustSSL benchmark's fc).
+HEAD_INITS = ("uniform", "zeros")
+#: Training-image augmentation: none (the NaCl probe's), or random crop + horizontal flip (the
+#: benchmark's ``transform_train``).
+AUGMENTS = ("none", "crop-flip")
+#: AFF on a dual-BatchNorm encoder: ``auto`` = the authors' dual-BN TRADES (clean cross-entropy through
+#: the clean branch, x_adv through the adversarial one, that one evaluated), ``on`` = the same but an
+#: error on a single-BN encoder, ``off`` = every forward through the encoder's evaluated branch.
+DUAL_BN = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class SlfConfig:
+    """SLF trained by SGD on re-encoded, augmented images (the RobustSSL benchmark's SLF). The uniform
+    recipe's SLF is the cached-feature probe instead (``ProbeConfig``): no SlfConfig, no finetune field."""
+
+    epochs: int = 25  # SLF epochs (RobustSSL_Benchmark vanilla_finetuning.py --epochs 25)
+    lr: float = 0.01  # SGD learning rate of the head (setup_hyperparameter, ACL / DynACL on CIFAR-10)
+    momentum: float = 0.9  # SGD momentum (vanilla_finetuning.py --momentum 0.9)
+    weight_decay: float = 2e-4  # SGD weight decay (vanilla_finetuning.py --wd 2e-4)
+    milestones: str = "10,20"  # epochs after which lr is multiplied by gamma (setup_hyperparameter)
+    gamma: float = 0.1  # lr factor at each milestone (MultiStepLR gamma 0.1)
+    batch_size: int = 512  # training minibatch (setup_hyperparameter)
+    max_train: int | None = None  # train on the first N training images; None: the probe's max_train
+    head_init: str = "zeros"  # uniform | zeros: how the head starts (the benchmark zeroes its fc)
+    augment: str = "crop-flip"  # none | crop-flip: training-image augmentation
+    # the named recipe that resolved these settings, as (key, value) pairs; () when set by hand
+    recipe: tuple[tuple[str, str], ...] = ()
+
+    protocol = "slf"
+
+    def check(self) -> None:
+        """Raise a one-line ``UserError`` for a setting that cannot be run."""
+        _check_common(self)
+
+    def identity(self) -> dict[str, Any]:
+        """What enters the rows' identity: every setting (SLF rows of the uniform recipe have none)."""
+        return _identity(self)
 
 
 @dataclass(frozen=True)
@@ -30,6 +68,10 @@ class AlfConfig:
     steps: int = 10  # PGD steps of the training attack (test_LF.py --num-steps-train 10)
     # train on the first N training images; None: the probe's max_train (a budgeted run's own subset)
     max_train: int | None = None
+    head_init: str = "uniform"  # uniform | zeros: how the head starts (uniform: the SLF probe's)
+    augment: str = "none"  # none | crop-flip: training-image augmentation (the benchmark: crop-flip)
+    # the named recipe that resolved these settings, as (key, value) pairs; () when set by hand
+    recipe: tuple[tuple[str, str], ...] = ()
 
     protocol = "alf"
 
@@ -59,6 +101,12 @@ class AffConfig:
     beta: float = 6.0  # TRADES weight of the KL term (test_AFF.py --beta 6.0)
     # train on the first N training images; None: the probe's max_train (a budgeted run's own subset)
     max_train: int | None = None
+    head_init: str = "uniform"  # uniform | zeros: how the head starts (uniform: the SLF probe's)
+    augment: str = "none"  # none | crop-flip: training-image augmentation (the benchmark: crop-flip)
+    # dual-BN encoders: auto | on = DynACL/benchmark dual-BN TRADES, the adv branch evaluated; off = one route
+    dual_bn: str = "auto"
+    # the named recipe that resolved these settings, as (key, value) pairs; () when set by hand
+    recipe: tuple[tuple[str, str], ...] = ()
 
     protocol = "aff"
 
@@ -67,44 +115,88 @@ class AffConfig:
         _check_common(self)
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise UserError(f"aff beta {self.beta!r}: must be a finite number >= 0")
+        if self.dual_bn not in DUAL_BN:
+            raise UserError(f"aff dual-bn {self.dual_bn!r}: choose one of {', '.join(DUAL_BN)}")
 
     def identity(self) -> dict[str, Any]:
         """What enters the rows' identity: every setting, the step size resolved."""
         return _identity(self)
 
 
-FinetuneConfig = AlfConfig | AffConfig
+FinetuneConfig = SlfConfig | AlfConfig | AffConfig
+
+# Settings added after ALF/AFF rows were published: in the identity only when they differ from these
+# values, so that a row computed as before keeps its id. ``dual_bn``: "auto" and "off" compute what
+# rows before it computed on a single-BN encoder; ``eval.finetune_recipes.resolve_dual_bn`` turns
+# "auto" into "on" for a dual-BN encoder before any identity is taken (a different computation, so a
+# different id), and "off" on a dual-BN encoder is the old computation (the old id).
+_LATE_FIELDS = {"max_train": (None,), "head_init": ("uniform",), "augment": ("none",)}
+_LATE_FIELDS |= {"recipe": ((),), "dual_bn": ("auto", "off")}
 
 
 def _identity(cfg: FinetuneConfig) -> dict[str, Any]:
-    """Every setting, the step size resolved; ``max_train`` only when set, so that rows measured
-    before it existed keep their ids."""
-    out = {"protocol": cfg.protocol, **asdict(cfg), "step_size": resolved_step(cfg)}
-    if cfg.max_train is None:
-        del out["max_train"]
+    """Every setting, the step size resolved (ALF/AFF); the late fields only where they change the
+    computation; the recipe as an object."""
+    out = {"protocol": cfg.protocol, **asdict(cfg)}
+    if not isinstance(cfg, SlfConfig):
+        out["step_size"] = resolved_step(cfg)
+    for k, unchanged in _LATE_FIELDS.items():
+        if k in out and out[k] in unchanged:
+            del out[k]
+    if cfg.recipe:
+        out["recipe"] = dict(cfg.recipe)
     return out
 
 
 def _check_common(cfg: FinetuneConfig) -> None:
     name = cfg.protocol
     for k in ("epochs", "batch_size", "steps"):
-        v = getattr(cfg, k)
+        v = getattr(cfg, k, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UserError(f"{name} {k.replace('_', '-')} {v!r}: must be an integer >= 1")
     for k in ("lr", "eps", "gamma"):
-        v = getattr(cfg, k)
+        v = getattr(cfg, k, 1.0)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise UserError(f"{name} {k} {v!r}: must be a finite number > 0")
+    if cfg.head_init not in HEAD_INITS:
+        raise UserError(f"{name} head-init {cfg.head_init!r}: choose one of {', '.join(HEAD_INITS)}")
+    if cfg.augment not in AUGMENTS:
+        raise UserError(f"{name} augment {cfg.augment!r}: choose one of {', '.join(AUGMENTS)}")
     for k in ("momentum", "weight_decay"):
         v = getattr(cfg, k)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise UserError(f"{name} {k.replace('_', '-')} {v!r}: must be a finite number >= 0")
+    # eps and the step are in [0,1] pixel units (as a suite's, which refuses eps 1.5); SGD momentum
+    # of 1 or more never decays a past gradient: both are typos, not settings
+    for k in ("eps", "step_size"):
+        v = getattr(cfg, k)
+        if v is not None and isinstance(v, (int, float)) and v > 1:
+            raise UserError(
+                f"{name} {k.replace('_', '-')} {v!r}: must be <= 1 ([0,1] pixel units; 8/255 = 0.0314)"
+            )
+    if isinstance(cfg.momentum, (int, float)) and cfg.momentum >= 1:
+        raise UserError(f"{name} momentum {cfg.momentum!r}: must be in [0, 1) (SGD momentum)")
     mt = cfg.max_train
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
         raise UserError(f"{name} max-train {mt!r}: must be an integer >= 1 (or unset)")
-    if cfg.step_size is not None and not (math.isfinite(cfg.step_size) and cfg.step_size > 0):
-        raise UserError(f"{name} step-size {cfg.step_size!r}: must be a finite number > 0 (or unset)")
+    step = getattr(cfg, "step_size", None)
+    if step is not None and not (math.isfinite(step) and step > 0):
+        raise UserError(f"{name} step-size {step!r}: must be a finite number > 0 (or unset)")
     milestones(cfg)
+
+
+def dual_bn_on(cfg: AffConfig, dual_encoder: bool) -> bool:
+    """Whether AFF trains with dual-BN TRADES: ``auto`` on a dual-BN encoder, ``on`` (which a
+    single-BN encoder refuses, one line), never ``off``."""
+    if cfg.dual_bn == "on" and not dual_encoder:
+        raise UserError("aff dual-bn on: the encoder has no dual BatchNorm (use auto or off)")
+    return cfg.dual_bn != "off" and dual_encoder
+
+
+def resolve_dual_bn(cfg: AffConfig, dual_encoder: bool) -> AffConfig:
+    """``cfg`` with ``dual_bn`` resolved against the encoder (``on`` or ``off``), so that its identity
+    says what was computed: dual-BN TRADES rows carry ``dual_bn: on``, rows computed as before none."""
+    return replace(cfg, dual_bn="on" if dual_bn_on(cfg, dual_encoder) else "off")
 
 
 def milestones(cfg: FinetuneConfig) -> list[int]:
@@ -121,6 +213,6 @@ def milestones(cfg: FinetuneConfig) -> list[int]:
     return out
 
 
-def resolved_step(cfg: FinetuneConfig) -> float:
+def resolved_step(cfg: AlfConfig | AffConfig) -> float:
     """The PGD step size: the configured one, else eps / 4 (the literature's 2/255 at 8/255)."""
     return float(cfg.step_size) if cfg.step_size is not None else cfg.eps / 4

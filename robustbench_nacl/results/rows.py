@@ -74,9 +74,10 @@ IDENTITY = (
 )
 #: The finetuning protocol's settings (eval/finetune.py): an identity field only for ALF and AFF rows.
 FINETUNE = "finetune"
-# Identity fields only some rows have (corruption rows, ALF/AFF rows): part of the id where present,
+# Identity fields only some rows have (corruption rows, those read from a released corruption set,
+# ALF/AFF rows): part of the id where present,
 # so that every other row (SLF, the other settings) keeps the id it always had.
-OPTIONAL_IDENTITY = ("corruption", "severity", FINETUNE)
+OPTIONAL_IDENTITY = ("corruption", "severity", "corruption_source", FINETUNE)
 
 
 def _hash(obj: Any, n: int = 24) -> str:
@@ -375,6 +376,8 @@ def load_rows(directory: str | Path) -> list[ResultRow]:
     re-run their evaluations.
     """
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise UserError(f"{d} is a file, not a rows directory: pass the --out folder of `eval` (its rows/)")
     if not d.is_dir():
         raise UserError(f"rows directory {d} does not exist; run `robustbench-nacl eval ... --out {d}` first")
     base = d / ROWS_DIR if (d / ROWS_DIR).is_dir() else d

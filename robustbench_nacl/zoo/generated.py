@@ -264,13 +264,17 @@ ROBUST_SSL_RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "rocl": (ROCL_RECIPE, {}, "RoCL's recipe: torchlars lr 0.1 x 15, gradual warm-up + cosine"),
     "dynacl": (DYNACL_RECIPE, {}, "DynACL's recipe: LARS lr 5, cosine per epoch"),
     "deacl": (DEACL_RECIPE, {}, "DeACL's recipe: SGD lr 0.5, warm-up cosine, 100 epochs"),
+    # AIR's pretraining.py: ACL's LARS(lr 5, weight decay 1e-6), batch 512, 1000 epochs, its cosine
+    # LambdaLR stepped at the start of every iteration with warm-up lr_max * step / warmup_steps
+    "acl_air": (ACL_RECIPE, {}, "AIR's recipe: LARS lr 5, cosine per iteration"),
+    "dynacl_air": (ACL_RECIPE, {}, "AIR's recipe: LARS lr 5, cosine per iteration"),
 }
 ROBUST_SSL_EVAL = {"transfer": None, "shift": None, "suite": "robust-ssl", "n_examples": None}
 
 
 def robust_ssl_cifar10_zoo(seeds: tuple[int, ...] = (0,)) -> list[ZooEntry]:
-    """CIFAR-10, resnet18_cifar: ACL, RoCL, DynACL and DeACL (with its SimCLR teacher) at their
-    authors' pretraining recipes (:data:`ROBUST_SSL_RECIPES`), seed 0; meant for GPUs."""
+    """CIFAR-10, resnet18_cifar: ACL, RoCL, DynACL, DeACL (with its SimCLR teacher), ACL-AIR and
+    DynACL-AIR at their authors' pretraining recipes (:data:`ROBUST_SSL_RECIPES`), seed 0; meant for GPUs."""
     from ..losses import PRESETS
 
     out = []

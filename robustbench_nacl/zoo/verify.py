@@ -1,8 +1,9 @@
 """``zoo verify``: recompute each trained entry's weights sha256 against its manifest and its zoo pin.
 
 An entry with no checkpoint under ``--out`` is verified from the package's published copy when it
-has one (``files/published/<zoo>/models/<id>/``, see :mod:`..published`): so on a fresh clone the
-committed reference weights are checked against their manifest, their model card and the zoo pin.
+has one (``files/published/<zoo>/models/<id>/``, see :mod:`..hub.catalog`): so on a fresh clone the
+committed reference weights are checked against their manifest, their model card and the zoo pin,
+and the linear heads published beside them against the set's ``heads.json``.
 """
 
 from __future__ import annotations
@@ -39,14 +40,51 @@ def _verify_folder(entry: ZooEntry, d: Path) -> tuple[str, str]:
             f"{weights}: sha256 {actual[:12]}... != manifest {manifest['weights_sha256'][:12]}...",
         )
     card = d / "card.json"
-    if card.is_file() and (pinned := json.loads(card.read_text()).get("weights_sha256")) != actual:
-        return "changed", f"{weights}: sha256 {actual[:12]}... != model card {str(pinned)[:12]}..."
+    if card.is_file():
+        pinned, why = _card_pin(card)
+        if why or pinned != actual:
+            return "changed", why or f"{weights}: sha256 {actual[:12]}... != model card {str(pinned)[:12]}..."
     if entry.weights_sha256 and actual != entry.weights_sha256:
         return (
             "unpinned-mismatch",
             f"{weights}: sha256 {actual[:12]}... != zoo pin {entry.weights_sha256[:12]}...",
         )
     return "ok", actual
+
+
+def _card_pin(card: Path) -> tuple[object, str | None]:
+    """(the card's weights_sha256, None), or (None, why the card cannot be read): a damaged card is
+    what verify exists to report, never a traceback."""
+    try:
+        data = json.loads(card.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        return None, f"{card} is not readable JSON ({' '.join(str(e).split())[:80]})"
+    if not isinstance(data, dict):
+        return None, f"{card} is not a JSON object"
+    return data.get("weights_sha256"), None
+
+
+def _heads_problem(copy: Path, sha: str) -> str | None:
+    """The first published head of this model (or of the random-init controls beside it) that does
+    not match its pin in the set's heads.json, or that no pin covers."""
+    from ..hub.catalog import MODELS_DIR
+    from ..hub.load import head_pins, heads_problems
+
+    set_folder = copy.parents[1]
+    pins = head_pins(set_folder)
+    shas = {sha} | {  # the controls' heads: fitted on weights that no model folder of the set holds
+        p["checkpoint_sha256"]
+        for p in pins.values()
+        if not (set_folder / MODELS_DIR / str(p.get("checkpoint_id"))).is_dir()
+    }
+    if not any(p.get("checkpoint_sha256") == sha for p in pins.values()):
+        return f"{set_folder / 'heads.json'} pins no linear head of these weights: the heads are unchecked"
+    problems = heads_problems(set_folder, shas)
+    return (
+        f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        if problems
+        else None
+    )
 
 
 def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
@@ -58,6 +96,8 @@ def verify_entry(entry: ZooEntry, out: str | Path) -> tuple[str, str]:
         return _verify_folder(entry, checkpoint_dir(entry, out))
     if (copy := published_copy(entry)) is not None:
         status, detail = _verify_folder(entry, copy)
+        if status == "ok" and (why := _heads_problem(copy, detail)):
+            return "changed", why
         return status, f"published copy {copy}: {detail}" if status == "ok" else detail
     return "untrained", str(checkpoint_dir(entry, out))
 

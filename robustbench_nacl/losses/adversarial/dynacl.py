@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ...models.dual_bn import bn_route
 from ..objectives import embed
-from ..params import LossParams
+from ..params import LossParams, bad_param
 from .acl import acl_loss, acl_objective
 from .engine import (
     RANGES,
@@ -60,6 +60,13 @@ def dynacl_schedule(p: LossParams, epoch: int, epochs: int) -> dict[str, Any]:
 
 def _m(p: LossParams) -> float:
     return float(p.extra_params().get("momentum", 0.0))
+
+
+def check_dynacl(p: LossParams) -> None:
+    """The EMA step is DynACL's dual stream: another ``acl_mode`` needs ``momentum = 0``."""
+    mode = p.extra_params().get("acl_mode", "ds")
+    if _m(p) > 0.0 and mode != "ds":
+        raise bad_param(f"acl_mode={mode!r} with momentum={_m(p)}; DynACL's EMA step is ds (set momentum=0)")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -133,4 +140,5 @@ register_adversarial_objective(
     schedule=dynacl_schedule,
     prepare=attach_momentum,
     export=export_momentum,
+    check=check_dynacl,
 )

@@ -226,6 +226,7 @@ def register_adversarial_objective(
     *,
     n_views: int = 2,
     single_bn: bool = False,
+    check: Callable[[LossParams], None] | None = None,
     **hooks: Any,
 ) -> None:
     """Register an objective that receives a :class:`StepContext` (``ctx=``) from the trainer.
@@ -233,6 +234,7 @@ def register_adversarial_objective(
     ``hooks`` are the :class:`Objective` fields a method may set: ``schedule``, ``setup``,
     ``prepare`` and ``export``. ``single_bn``: the method's authors use one BatchNorm, and its
     forwards here have no adversarial route, so ``dual_bn`` is refused rather than ignored.
+    ``check``: the method's own checks of its parameters (a one-line error), run at validation.
     """
 
     def needs(p: LossParams) -> Needs:
@@ -240,6 +242,8 @@ def register_adversarial_objective(
         check_attack(p)
         if single_bn and p.dual_bn:
             raise bad_param(f"dual_bn=True; {name} uses one BatchNorm, as its authors' code does")
+        if check is not None:
+            check(p)
         return Needs(n_views=n_views, adversarial=True, labels=False)
 
     OBJECTIVES.add(name, Objective(needs=needs, loss=fn, contextual=True, **hooks), description=description)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ...errors import CheckpointError
 from ...registry import Registry, unknown_choice
-from . import lightly, ours, plain, solo
+from . import lightly, ours, plain, robustssl, solo
 from .layout import Layout, strip_wrappers
 from .reading import clean
 
@@ -17,7 +17,13 @@ from .reading import clean
 def _formats() -> Registry[Layout]:
     formats: Registry[Layout] = Registry("checkpoint format")
     # registration order is detection order: the most specific layouts first
-    for layout, description in (*ours.LAYOUTS, *lightly.LAYOUTS, *solo.LAYOUTS, *plain.LAYOUTS):
+    for layout, description in (
+        *ours.LAYOUTS,
+        *lightly.LAYOUTS,
+        *solo.LAYOUTS,
+        *robustssl.LAYOUTS,
+        *plain.LAYOUTS,
+    ):
         formats.add(layout.name, layout, description=description)
     return formats
 

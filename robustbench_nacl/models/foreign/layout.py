@@ -16,12 +16,15 @@ class Layout:
     """A foreign key layout: how to recognise it and how to convert it to torchvision's ResNet keys.
 
     ``normalization`` returns the (mean, std) a file of this layout carries, or None (most carry none).
+    ``ask_normalization``: where a file of this layout carries none, the user must name it (this text
+    says how) rather than get the "cifar10" default; empty: the default applies.
     """
 
     name: str
     detect: Callable[[Mapping[str, Tensor]], bool]
     convert: Callable[[Mapping[str, Tensor]], dict[str, Tensor]]
     normalization: Callable[[Mapping[str, Tensor]], tuple[list[float], list[float]] | None] = lambda s: None
+    ask_normalization: str = ""
 
 
 def has_prefix(state: Mapping[str, Tensor], prefix: str) -> bool:

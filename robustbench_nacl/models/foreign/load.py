@@ -82,9 +82,12 @@ def load_foreign_encoder(
     layout = FORMATS.get(fmt)
     stripped = strip_wrappers(state)
     run = read_solo_args(p) if fmt == "solo-learn" else None
-    normalize, mean, std = pick_normalization(
-        layout.normalization(stripped), normalize, solo_normalization(run)
-    )
+    from_file = layout.normalization(stripped)
+    if from_file is None and normalize is None and layout.ask_normalization:
+        raise CheckpointError(
+            f"{p} ({fmt} layout) carries no input normalisation: {layout.ask_normalization}"
+        )
+    normalize, mean, std = pick_normalization(from_file, normalize, solo_normalization(run))
     try:
         backbone_state = layout.convert(stripped)
     except CheckpointError as e:

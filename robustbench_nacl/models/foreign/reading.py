@@ -25,7 +25,8 @@ from ..checkpoint import check_finite, load_state
 _MIN_TORCH = "2.10"
 
 #: Keys under which checkpoints nest their state dict, tried in this order.
-_CONTAINERS = ("state_dict", "model", "model_state_dict", "encoder", "net")
+#: ``state_dict_dual`` first: the RobustSSL benchmark's ``get_model`` looks there before ``state_dict``.
+_CONTAINERS = ("state_dict_dual", "state_dict", "model", "model_state_dict", "encoder", "net")
 
 
 _EXPECTED = (

@@ -5,7 +5,7 @@ safetensors weights, sha256 re-checked), a model card built from its rows, the l
 rows attacked, and the rows themselves (with the random-init controls' rows, which the leaderboard
 shows beside them; one row pack, ``rows.jsonl.gz``), into ``files/published/<zoo>/`` of the
 package; and ``coverage.json``, the presets and seeds the set covers, so that a preset added later
-reads as "not published yet" instead of a missing model (see :mod:`.published`). Each entry's zoo
+reads as "not published yet" instead of a missing model (see :mod:`.catalog`). Each entry's zoo
 manifest is then pinned to the published weights (``weights_sha256``), which ``zoo verify`` checks.
 """
 
@@ -17,16 +17,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .eval.cards import card_of_rows, write_card
-from .eval.heads import HEADS_DIR, head_key, head_path
-from .io import sha256_file, write_json_atomic
-from .models.checkpoint import WEIGHTS, read_manifest
-from .packaged import published_dir
-from .pipeline import control_id, expected_rows
-from .published import CARD, MODELS_DIR
-from .results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
-from .zoo import ZooEntry, checkpoint_dir, write_entry
+from ..errors import UserError
+from ..eval.heads import HEADS_DIR, head_key, head_path
+from ..io import sha256_file, write_json_atomic
+from ..models.checkpoint import WEIGHTS, read_manifest
+from ..packaged import published_dir
+from ..pipeline import control_id, expected_rows
+from ..results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
+from ..zoo import ZooEntry, checkpoint_dir, write_entry
+from .cards import bn_branch, card_of_rows, write_card
+from .catalog import CARD, HEAD_PINS, MODELS_DIR
 
 #: The trainer's per-epoch log (kNN and quick-probe accuracy): published beside the weights.
 LOG = "log.jsonl"
@@ -46,14 +46,29 @@ def _entry_rows(rows: list[ResultRow], checkpoint_id: str, entry: ZooEntry) -> l
 
 
 def _copy_heads(rows: list[ResultRow], board: Path, target: Path) -> None:
+    """Copy the heads the rows attacked, and pin each one's sha256 in ``heads.json`` (a flipped byte in
+    a head changes a logit as silently as one in the weights: load_model and `zoo verify` check it)."""
     keys = {
-        head_key(r["checkpoint_sha256"], r["setting"], r["dataset"], dict(r["probe_config"])) for r in rows
+        head_key(r["checkpoint_sha256"], r["setting"], r["dataset"], dict(r["probe_config"])): r for r in rows
     }
-    for key in sorted(keys):
+    pins = {}
+    for key, r in sorted(keys.items()):
         src = head_path(board / HEADS_DIR, key)
         if not src.is_file():
             raise UserError(f"{src} is missing: re-evaluate with `zoo eval` (it saves the fitted heads)")
         shutil.copyfile(src, head_path(target / HEADS_DIR, key))
+        pins[key] = pin_head(target, key, r)
+    write_json_atomic(target / HEAD_PINS, pins)
+
+
+def pin_head(target: Path, key: str, row: ResultRow) -> dict[str, str]:
+    """The pin of one published head: its sha256, and the weights (id and sha256) it was fitted on."""
+    sha = sha256_file(head_path(target / HEADS_DIR, key))
+    return {
+        "sha256": sha,
+        "checkpoint_id": row["checkpoint_id"],
+        "checkpoint_sha256": row["checkpoint_sha256"],
+    }
 
 
 def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: Path) -> dict[str, Any]:
@@ -70,7 +85,15 @@ def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: P
         shutil.copyfile(src / LOG, dest / LOG)
     write_json_atomic(dest / "manifest.json", {**manifest, "weights": WEIGHTS})
     reported = json.loads((published_dir() / "paper_reported.json").read_text()).get(entry.loss, [])
-    card = card_of_rows(rows, name=entry.id, authors=AUTHORS, venue="", link=None, paper_reported=reported)
+    card = card_of_rows(
+        rows,
+        name=entry.id,
+        authors=AUTHORS,
+        venue="",
+        link=None,
+        paper_reported=reported,
+        bn_branch=bn_branch(manifest),
+    )
     write_card(dest / CARD, card)
     return card
 

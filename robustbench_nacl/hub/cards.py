@@ -17,6 +17,7 @@ from typing import Any
 from ..io import write_json_atomic
 from ..packaged import schema_path
 from ..results.eps import eps_label
+from ..results.reported import placement_for_card
 from ..results.rows import protocol_name
 
 CARD_FORMAT = 1
@@ -60,6 +61,15 @@ def headline(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def bn_branch(manifest: Mapping[str, Any]) -> str | None:
+    """Which BatchNorm branch a checkpoint is evaluated through: ``"adv"`` or ``"clean"`` for a dual-BN
+    encoder (ACL and DynACL evaluate the adversarial one, as their authors do; the other costs them
+    points of clean accuracy), None for one BatchNorm per layer."""
+    if not manifest.get("dual_bn"):
+        return None
+    return str(manifest.get("eval_bn_route") or "clean")
+
+
 def build_card(
     rows: Iterable[Mapping[str, Any]],
     *,
@@ -67,6 +77,7 @@ def build_card(
     architecture: str,
     dataset: str,
     weights_sha256: str | None = None,
+    bn_branch: str | None = None,
     authors: str = "",
     venue: str = "",
     link: str | None = None,
@@ -77,7 +88,8 @@ def build_card(
     """A card from the rows of one model under one protocol (one setting: in-domain for a zoo model).
 
     ``eps`` and ``autoattack_acc`` are AutoAttack's when the rows hold an AutoAttack row (at its
-    largest epsilon), else ``autoattack_acc`` is null and ``eps`` is the headline's.
+    largest epsilon), else ``autoattack_acc`` is null and ``eps`` is the headline's. ``bn_branch``:
+    the BatchNorm branch a dual-BN encoder was evaluated through (:func:`bn_branch`).
     """
     rows = list(rows)
     top = headline_row(rows)
@@ -102,6 +114,7 @@ def build_card(
         "threat_model": top["norm"],
         "loss": {"family": loss, "params": first.get("loss_params")} if loss else None,
         "encoder": first.get("encoder"),
+        "bn_branch": bn_branch,
         "recipe_id": first.get("recipe_id"),
         "protocol_id": top.get("protocol_id"),
         "headline": {"SLF": headline(top), "ALF": None, "AFF": None},
@@ -157,4 +170,9 @@ def card_of_rows(rows: Iterable[Mapping[str, Any]], **info: Any) -> dict[str, An
         if name in first_of:
             mine = [r for r in rows if r["protocol_id"] == first_of[name]["protocol_id"]]
             card["headline"][name.upper()] = headline(headline_row(mine))
+    # a CIFAR/STL-10 checkpoint: where its AutoAttack 8/255 accuracy falls among the RobustSSL
+    # benchmark's reported entries (absent otherwise, so every other card is what it was)
+    placement = placement_for_card(rows)
+    if placement:
+        card["robustssl_placement"] = placement
     return card

@@ -12,8 +12,11 @@ within ``tolerance`` per 200 examples (0 by default: exact).
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import shutil
+import stat
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -22,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
-from .eval.cards import card_schema
-from .io import sha256_file
-from .models.checkpoint import WEIGHTS, read_manifest
-from .results.bits import decode_bits
-from .results.rows import ResultRow, load_rows, write_row
+from ..errors import UserError
+from ..io import sha256_file, write_json_atomic
+from ..models.checkpoint import WEIGHTS, read_manifest
+from ..results.bits import decode_bits
+from ..results.rows import ResultRow, load_rows, write_row
+from .cards import card_schema
+from .download import cached_download, check_url, sha_folder
 
 Group = tuple[str, str]  # (setting, dataset)
 
@@ -41,42 +45,86 @@ class SubmissionReport:
     summary: str = ""
 
 
-def _read_card(folder: Path) -> dict[str, Any]:
-    import json
+#: The largest file a submission may hold besides its weights (a row is a few kB; a card less): a
+#: bigger one is refused before it is read, so a hostile row cannot fill the memory.
+MAX_SMALL_FILE = 16 << 20
+#: The folders a submission must have (CONTRIBUTING.md): its rows, and the heads they attacked.
+REQUIRED_DIRS = ("checkpoint", "rows", "heads")
 
+
+def check_tree(folder: Path) -> None:
+    """Refuse a submission that could make the check read outside it or without end: a symbolic link
+    anywhere (even one pointing inside: a link can be re-aimed between the check and the read), a
+    file that is not a regular file (a FIFO, a device such as /dev/zero), a row or card over
+    :data:`MAX_SMALL_FILE`, anything in ``rows/`` but row files, or a missing ``checkpoint/``,
+    ``rows/`` or ``heads/``."""
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder: pass the submission folder (CONTRIBUTING.md)")
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = Path(root) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise UserError(f"{path} is a symbolic link: a submission holds its own files, copy them in")
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise UserError(f"{path} is not a regular file (a device, FIFO or socket): remove it")
+            if Path(root) == folder / "rows" and not name.endswith(".json"):
+                # eval writes one JSON file per row; a packed or compressed file could unpack to any size
+                raise UserError(f"{path}: rows/ holds the *.json row files `eval` writes, nothing else")
+            is_weights = path.suffix == ".safetensors" and Path(root).name == "checkpoint"
+            if stat.S_ISREG(mode) and not is_weights and path.lstat().st_size > MAX_SMALL_FILE:
+                raise UserError(
+                    f"{path} is over {MAX_SMALL_FILE >> 20} MB: no row, card or head is that large"
+                )
+    missing = [d for d in REQUIRED_DIRS if not (folder / d).is_dir()]
+    if missing:
+        raise UserError(
+            f"{folder} has no {', '.join(f'{d}/' for d in missing)}: a submission holds checkpoint/, rows/ "
+            "(`eval --out`) and heads/ (`eval --save-heads`), the heads its rows attacked (CONTRIBUTING.md)"
+        )
+
+
+def _read_card(folder: Path) -> dict[str, Any]:
     path = folder / "card.json"
     try:
         card = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise UserError(f"{path}: no readable model card ({' '.join(str(e).split())[:100]})") from None
+    if not isinstance(card, dict):
+        raise UserError(f"{path}: a model card is a JSON object")
     try:
         import jsonschema
     except ImportError:  # the schema check needs jsonschema; the fields the check uses are read below
+        sha_folder(card.get("weights_sha256"))  # a malformed pin is refused all the same
         return card
     errors = sorted(jsonschema.Draft202012Validator(card_schema()).iter_errors(card), key=str)
     if errors:
         where = "/".join(map(str, errors[0].absolute_path)) or "the card"
         raise UserError(f"{path}: {where}: {' '.join(errors[0].message.split())[:160]}")
+    sha_folder(card["weights_sha256"])  # 64 hex digits: it names the cache folder
     return card
 
 
 def _weights(folder: Path, card: dict[str, Any]) -> Path:
-    """The submission's checkpoint folder, with its weights (downloaded from weights_url if absent)."""
+    """The submission's weights file (downloaded from weights_url if absent), beside its manifest.
+
+    A download goes to the cache under the card's sha256, with a name chosen here (never the
+    manifest's ``weights``, which read_manifest has checked is a plain file name), from an http(s)
+    URL only, and is kept only when it has that sha256.
+    """
     ckpt = folder / "checkpoint"
     manifest = read_manifest(ckpt)
     path = ckpt / manifest["weights"]
     if not path.is_file() and card.get("weights_url"):
-        from .published import _download, cache_dir
-
-        cached = cache_dir() / str(card["weights_sha256"]) / "checkpoint"
-        cached.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ckpt / "manifest.json", cached / "manifest.json")
-        if not (cached / manifest["weights"]).is_file():
-            _download(str(card["weights_url"]), cached / manifest["weights"])
-        ckpt, path = cached, cached / manifest["weights"]
+        url = check_url(str(card["weights_url"]), "card.json: weights_url")
+        sha = str(card["weights_sha256"])
+        fix = "check the card's weights_url and weights_sha256"
+        path = cached_download(url, sha, f"checkpoint/{WEIGHTS}", fix)
+        write_json_atomic(path.parent / "manifest.json", {**manifest, "weights": WEIGHTS})
+        return path
     if not path.is_file():
         raise UserError(f"{path} is missing and the card has no weights_url: add the weights or their URL")
-    return ckpt
+    return path
 
 
 def _consistent(row: ResultRow) -> str | None:
@@ -90,6 +138,20 @@ def _consistent(row: ResultRow) -> str | None:
     return None
 
 
+def _check_bits(rows: list[ResultRow]) -> None:
+    """Every row carries decodable per-example outcomes: they are what the check compares."""
+    for r in rows:
+        try:
+            n = int(r["n_examples_evaluated"])
+            decode_bits(r["clean_bits"], n), decode_bits(r["robust_bits"], n)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(
+                f"row {r.row_id} ({r['setting']} {r['dataset']} {r['attack']}) has no readable per-example "
+                f"outcomes ({' '.join(str(e).split())[:80]}): re-run `eval`, which writes clean_bits and "
+                "robust_bits"
+            ) from None
+
+
 def _sample(groups: list[Group], k: int, seed: str) -> list[Group]:
     first = [g for g in groups if g[0] == "in-domain"][:1]
     rest = [g for g in groups if g not in first]
@@ -99,9 +161,9 @@ def _sample(groups: list[Group], k: int, seed: str) -> list[Group]:
 def _recompute(ckpt: Path, folder: Path, rows: list[ResultRow], chosen: list[Group], device: str) -> Path:
     """Evaluate the chosen settings into a fresh folder that already holds the other rows (so only
     the chosen ones are computed); returns that folder."""
-    from .attack.suites import load_suite
-    from .eval.evaluate import evaluate
-    from .eval.probe import ProbeConfig
+    from ..attack.suites import load_suite
+    from ..eval.evaluate import evaluate
+    from ..eval.probe import ProbeConfig
 
     first = rows[0]
     suite = load_suite(first["suite"])
@@ -154,15 +216,18 @@ def verify_submission(
 ) -> SubmissionReport:
     """Check a submission folder; the report's ``failures`` is empty when it is accepted."""
     folder = Path(folder)
+    check_tree(folder)
     report = SubmissionReport()
     card = _read_card(folder)
-    ckpt = _weights(folder, card)
-    sha = sha256_file(ckpt / WEIGHTS)
+    weights = _weights(folder, card)
+    ckpt = weights.parent
+    sha = sha256_file(weights)
     if sha != card["weights_sha256"]:
-        raise UserError(f"{ckpt / WEIGHTS}: sha256 {sha[:12]}... but the card says {card['weights_sha256']}")
-    rows = load_rows(folder)
+        raise UserError(f"{weights}: sha256 {sha[:12]}... but the card says {card['weights_sha256']}")
+    rows = load_rows(folder / "rows")
     if not rows:
         raise UserError(f"{folder / 'rows'} holds no result rows: write them with `eval --out {folder}`")
+    _check_bits(rows)
     report.lines.append(f"card ok; weights sha256 {sha[:12]}... match it; {len(rows)} rows")
     for r in rows:
         why = "measured on other weights" if r["checkpoint_sha256"] != sha else _consistent(r)

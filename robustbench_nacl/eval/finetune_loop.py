@@ -1,0 +1,130 @@
+"""The epoch loop every finetuning protocol trains with (eval/finetune.py): SGD with momentum and a
+MultiStepLR schedule, per-epoch randomness from one seeded generator, a resumable state saved after
+each epoch, and the training-image augmentation a recipe asks for.
+
+Why one generator per epoch: every random number of epoch ``e`` (batch order, crops and flips,
+attack starts) comes from a CPU generator seeded by ``(seed, protocol, e)``, so a run killed after
+epoch ``e`` and resumed from its saved state draws exactly what an uninterrupted run draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..io import atomic_open
+from ..results.finetune import FinetuneConfig, milestones
+
+__all__ = ["Run", "augment_batch", "crop_padding", "epoch_generator", "lr_at", "run_epochs"]
+
+
+def lr_at(cfg: FinetuneConfig, epoch: int) -> float:
+    """The learning rate of (0-based) ``epoch``: MultiStepLR's ``lr * gamma^(milestones passed)``."""
+    return cfg.lr * cfg.gamma ** sum(1 for m in milestones(cfg) if epoch >= m)
+
+
+def epoch_generator(seed: int, protocol: str, epoch: int) -> torch.Generator:
+    """The CPU generator of one epoch: batch order, augmentation and attack noise come from it alone."""
+    from .benchmark import derive_seed
+
+    return torch.Generator(device="cpu").manual_seed(derive_seed(seed, protocol, epoch))
+
+
+def crop_padding(size: int) -> int:
+    """Zero padding of the random crop: 4 pixels from 32-pixel images up (the benchmark's
+    ``RandomCrop(32 or 96, padding=4)``), an eighth of the side below (1 pixel on 8-pixel digits,
+    where 4 would crop away half the image)."""
+    return 4 if size >= 32 else max(1, round(size / 8))
+
+
+def augment_batch(x: Tensor, kind: str, gen: torch.Generator) -> Tensor:
+    """``x`` (B, C, H, W in [0,1]) augmented per image: ``none`` returns it; ``crop-flip`` is
+    torchvision's ``RandomCrop(H, padding=p)`` (zero fill) then ``RandomHorizontalFlip()``, offsets
+    and flips drawn from ``gen`` (offsets first, then flips)."""
+    if kind == "none":
+        return x
+    b, _, h, w = x.shape
+    p = crop_padding(min(h, w))
+    padded = F.pad(x, (p, p, p, p))
+    dy = torch.randint(0, 2 * p + 1, (b,), generator=gen).to(x.device)
+    dx = torch.randint(0, 2 * p + 1, (b,), generator=gen).to(x.device)
+    flip = (torch.rand(b, generator=gen) < 0.5).to(x.device)
+    rows = dy[:, None] + torch.arange(h, device=x.device)  # (B, H)
+    cols = dx[:, None] + torch.arange(w, device=x.device)  # (B, W)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)  # a flip reads the crop's columns backwards
+    idx = torch.arange(b, device=x.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[idx, rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+@dataclass
+class Run:
+    """A finetuning run: what is trained, how, and where its per-epoch state lives."""
+
+    cfg: FinetuneConfig
+    modules: dict[str, nn.Module]  # what the state saves (and the optimizer trains, if trainable)
+    params: list[nn.Parameter]
+    x: Tensor  # uint8 training images (N, C, H, W)
+    y: Tensor
+    seed: int
+    state_path: Path | None
+    progress: bool
+
+
+def run_epochs(run: Run, step: Callable[[Tensor, Tensor, torch.Generator], None]) -> None:
+    """SGD with momentum over ``run.cfg.epochs`` epochs; ``step(x, y, gen)`` computes one batch's
+    gradients (``x`` in [0,1], augmented as ``cfg.augment`` says).
+
+    After every epoch the modules' state dicts and the optimizer's state are saved atomically; a
+    saved state is resumed from (loaded with ``weights_only=True``)."""
+    cfg = run.cfg
+    opt = torch.optim.SGD(run.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    start = _resume(run, opt)
+    device = run.params[0].device
+    n, bs = len(run.x), min(cfg.batch_size, len(run.x))
+    bar = tqdm(range(start, cfg.epochs), desc=cfg.protocol, disable=not run.progress, leave=False)
+    for epoch in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, epoch)
+        gen = epoch_generator(run.seed, cfg.protocol, epoch)
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, bs):
+            idx = perm[i : i + bs]
+            xb = augment_batch(run.x[idx].to(device).float().div_(255), cfg.augment, gen)
+            step(xb, run.y[idx].to(device), gen)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _save_state(run, opt, epoch + 1)
+
+
+def _resume(run: Run, opt: torch.optim.Optimizer) -> int:
+    if run.state_path is None or not run.state_path.is_file():
+        return 0
+    try:
+        state = torch.load(run.state_path, map_location="cpu", weights_only=True)
+        for name, module in run.modules.items():
+            module.load_state_dict(state["modules"][name])
+        opt.load_state_dict(state["optimizer"])
+        return int(state["epoch"])
+    except Exception as e:  # a truncated or foreign file: start over rather than trust it
+        print(f"ignoring unreadable finetuning state {run.state_path} ({type(e).__name__}); starting over")
+        return 0
+
+
+def _save_state(run: Run, opt: torch.optim.Optimizer, epoch: int) -> None:
+    if run.state_path is None:
+        return
+    state = {
+        "epoch": epoch,
+        "modules": {k: m.state_dict() for k, m in run.modules.items()},
+        "optimizer": opt.state_dict(),
+    }
+    run.state_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(run.state_path, "wb") as f:
+        torch.save(state, f)
