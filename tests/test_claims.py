@@ -350,6 +350,8 @@ def test_the_shipped_robust_ssl_claims_load_under_their_protocols() -> None:
         ("dynacl", "acl", "slf"), ("dynacl", "acl", "alf"), ("deacl", "acl", "slf"), ("deacl", "acl", "alf"),
         ("acl_air", "acl", "slf"), ("acl_air", "acl", "alf"),
         ("dynacl_air", "dynacl", "slf"), ("dynacl_air", "dynacl", "alf"),
+        ("dynacl++", "dynacl", "slf"), ("dynacl++", "dynacl", "alf"),
+        ("dynacl_air++", "dynacl_air", "slf"), ("dynacl_air++", "dynacl_air", "alf"),
     }  # fmt: skip
     assert {(c.setting, c.metric, c.kind) for c in claims} == {("in-domain", "autoattack@0.032", "better")}
 

@@ -297,7 +297,13 @@ def test_every_probe_config_field_is_an_eval_flag_with_its_default() -> None:
 
 def test_every_train_config_field_is_a_train_flag_with_its_default() -> None:
     flags = _flags("train")
-    special = {"loss": "--loss", "overrides": "--set", "encoder_kwargs": "--encoder-arg"}
+    special = {
+        "loss": "--loss",
+        "overrides": "--set",
+        "encoder_kwargs": "--encoder-arg",
+        "optimizer_kwargs": "--optimizer-arg",
+        "schedule_kwargs": "--schedule-arg",
+    }
     for f in dataclasses.fields(TrainConfig):
         flag = special.get(f.name, f"--{f.name.replace('_', '-')}")
         assert flag in flags, f.name
