@@ -145,6 +145,7 @@ def _post_process_entry(entry: ZooEntry, ckpts: str | Path, device: str, progres
         overrides=dict(entry.overrides),
         device=device,
         progress=progress,
+        checkpoint_id=entry.id,  # rows carry the entry's id, as a trained entry's do (completeness)
     )
 
 
