@@ -54,8 +54,8 @@ def teacher_of(loss: str, encoder: str, dataset: str, seed: int) -> str | None:
 
 #: preset of a generated entry -> the ++ post-processing recipe (post/recipes.py) its authors run
 #: on it: the zoos that hold the robust-SSL leaderboard (fashion-mnist, robust-ssl-cifar10) get one
-#: post entry per such entry (:func:`post_entries`); demo and paper do not (docs/decisions.md, 'The
-#: ++ post-processing')
+#: post entry per such entry (:func:`post_entries`); demo and paper do not
+#: (docs/decisions.md, 'The ++ post-processing')
 POST_OF = {"dynacl": "dynacl++", "dynacl_air": "air++"}
 
 
