@@ -253,3 +253,15 @@ def test_zoo_train_makes_the_parent_first_then_post_processes_it(
     assert pipeline.is_complete(post, pipeline.rows_done(board))
     rc, stdout, _ = cli(["zoo", "status", post.id, "--out", str(out), "--leaderboard", str(board)], capsys)
     assert rc == 0 and "train 1 done" in stdout and "eval 1 done" in stdout
+
+
+def test_zoo_status_reads_a_killed_post_processing_as_partial_work(tmp_path: Path) -> None:
+    _, post = _zoo(tmp_path / "zoo")
+    ckpts, board = tmp_path / "ckpts", tmp_path / "board"
+
+    def train_state() -> str:
+        return next(st.state for st in launch.zoo_status([post], ckpts, board) if st.task.action == "train")
+
+    assert train_state() == "not started"
+    (zoo.checkpoint_dir(post, ckpts) / "post-state").mkdir(parents=True)  # what post_process resumes from
+    assert train_state() == "interrupted"
