@@ -251,6 +251,9 @@ def test_zoo_train_makes_the_parent_first_then_post_processes_it(
     rows = [json.loads(p.read_text()) for p in (board / "rows").glob("*.json")]
     assert rows and {(r["checkpoint_id"], r["loss"]) for r in rows} == {(post.id, "dynacl++")}
     assert pipeline.is_complete(post, pipeline.rows_done(board))
+    rc, _, err = cli(["leaderboard", "--rows", str(board), "--out", str(board), "--no-progress"], capsys)
+    assert rc == 0, err
+    assert "dynacl++" in (board / "LEADERBOARD.md").read_text()
     rc, stdout, _ = cli(["zoo", "status", post.id, "--out", str(out), "--leaderboard", str(board)], capsys)
     assert rc == 0 and "train 1 done" in stdout and "eval 1 done" in stdout
 
