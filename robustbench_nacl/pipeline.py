@@ -274,10 +274,11 @@ def row_keys(entry: ZooEntry, control: bool = False) -> frozenset[str]:
 
 def _checkpoint_facts(entry: ZooEntry) -> dict[str, Any]:
     """What the rows' identities need of the entry's checkpoint: its loss family and whether it has
-    dual BatchNorm (as training.manifest decides: an adversarial objective with ``dual_bn``)."""
+    dual BatchNorm (as training.manifest decides: an adversarial objective with ``dual_bn``; a post
+    entry's loss is what its checkpoint records, its parent's + "++", and it has dual BatchNorm)."""
     from .zoo.manifests import has_dual_bn
 
-    try:  # a post entry: its loss is what its checkpoint records (parent + "++"), dual BN
+    try:
         return {"loss": entry.loss, "dual_bn": has_dual_bn(entry)}
     except UserError:  # a plugin loss not loaded here: its rows are planned as single-BN
         return {"loss": entry.loss}
