@@ -108,12 +108,16 @@ def train_entry(
     import torch.distributed as dist
 
     # another process training this entry into the same folder: wait for it, then use its checkpoint
-    # (the ranks of one DDP job are one training: they share it, and must not wait for each other)
-    ddp = dist.is_available() and dist.is_initialized()
+    # (the ranks of one DDP job are one training: they share it, and must not wait for each other;
+    # a post-processing is one process's work: the other ranks wait for it and find it done)
+    ddp = dist.is_available() and dist.is_initialized() and entry.post is None
     lock = contextlib.nullcontext() if ddp else advisory_lock(ckpts, entry.id, f"the training of {entry.id}")
     with lock:
         if is_trained(entry, ckpts):
             return None
+        if entry.post is not None:
+            _post_process_entry(entry, ckpts, device, progress)
+            return entry.id
         # the monitor (kNN, and the quick probe with monitor_probe) at initialisation and every
         # monitor_every epochs (default: after the last only); it does not change the weights or ids.
         # A DeACL entry: its teacher entry's checkpoint under ckpts (one line if it is not trained yet)
@@ -124,6 +128,25 @@ def train_entry(
         # so an entry's recipe does not depend on how many processes train it (one: a no-op)
         train(cfg, d, device=device, resume=(d / "train_state.pt").exists(), progress=progress, sync_bn=True)
     return entry.id
+
+
+def _post_process_entry(entry: ZooEntry, ckpts: str | Path, device: str, progress: bool) -> None:
+    """Make a post entry: its parent entry's checkpoint under ``ckpts`` (one line if it is not
+    trained), post-processed with the entry's recipe and settings (``overrides``) into ``ckpts/<id>``
+    (resumable: ``post_process`` keeps its per-stage states there until the checkpoint is written)."""
+    from .post import post_process
+    from .zoo import post_parent_dir
+
+    post = entry.post or {}
+    post_process(
+        post_parent_dir(entry, ckpts),
+        str(post["recipe"]),
+        checkpoint_dir(entry, ckpts),
+        overrides=dict(entry.overrides),
+        device=device,
+        progress=progress,
+        checkpoint_id=entry.id,  # rows carry the entry's id, as a trained entry's do (completeness)
+    )
 
 
 def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
@@ -251,14 +274,14 @@ def row_keys(entry: ZooEntry, control: bool = False) -> frozenset[str]:
 
 def _checkpoint_facts(entry: ZooEntry) -> dict[str, Any]:
     """What the rows' identities need of the entry's checkpoint: its loss family and whether it has
-    dual BatchNorm (as training.manifest decides: an adversarial objective with ``dual_bn``)."""
-    from .losses import needs, resolve
+    dual BatchNorm (as training.manifest decides: an adversarial objective with ``dual_bn``; a post
+    entry's loss is what its checkpoint records, its parent's + "++", and it has dual BatchNorm)."""
+    from .zoo.manifests import has_dual_bn
 
     try:
-        params = resolve(entry.loss, dict(entry.overrides))
+        return {"loss": entry.loss, "dual_bn": has_dual_bn(entry)}
     except UserError:  # a plugin loss not loaded here: its rows are planned as single-BN
         return {"loss": entry.loss}
-    return {"loss": entry.loss, "dual_bn": bool(needs(params).adversarial and params.dual_bn)}
 
 
 def expected_rows(entry: ZooEntry) -> int:
@@ -327,24 +350,42 @@ def set_aside(paths: list[Path], out: str | Path) -> int:
 
 
 def training_waves(todo: list[ZooEntry], entries: list[ZooEntry], ckpts: str | Path) -> list[list[ZooEntry]]:
-    """``todo`` in dependency order: the entries without a teacher first, with every untrained teacher
-    of the others (one stage: teachers have none; a teacher whose own rows are complete still trains,
-    for its students), then those with one. A teacher that is neither among ``entries`` nor trained
+    """``todo`` in dependency order, one wave per stage: the entries that need no other entry's
+    checkpoint first, with every untrained entry the others need (a DeACL teacher, the parent of a
+    post entry; one whose own rows are complete still trains, for the entries that need it), then
+    those that need them, and so on. An entry needed that is neither among ``entries`` nor trained
     under ``ckpts`` is a one-line error before anything trains."""
-    first = {e.id: e for e in todo if e.teacher is None}
-    waiting = [e for e in todo if e.teacher is not None]
     by_id = {e.id: e for e in entries}
-    for e in waiting:
-        teacher = e.teacher or ""
-        if teacher in first or (Path(ckpts) / teacher / "manifest.json").is_file():
+    wanted = {e.id: e for e in todo}
+    pending = list(todo)
+    while pending:  # pull in the untrained entries the wanted ones need, transitively
+        dep = pending.pop().dependency()
+        if dep is None or dep[1] in wanted or (Path(ckpts) / dep[1] / "manifest.json").is_file():
             continue
-        if teacher not in by_id:
+        verb, needed = dep
+        if needed not in by_id:
+            who = next(e.id for e in wanted.values() if e.dependency() == dep)
             raise UserError(
-                f"zoo entry {e.id} distils entry {teacher}, which is neither among the entries of this "
-                f"run nor trained under {ckpts}: add it (e.g. `zoo train {teacher} {e.id}`) or train it first"
+                f"zoo entry {who} {verb} entry {needed}, which is neither among the entries of this "
+                f"run nor trained under {ckpts}: add it (e.g. `zoo train {needed} {who}`) or train it first"
             )
-        first[teacher] = by_id[teacher]
-    return [w for w in (list(first.values()), waiting) if w]
+        wanted[needed] = by_id[needed]
+        pending.append(by_id[needed])
+
+    stages = {e.id: _stage(e, wanted) for e in wanted.values()}
+    order = sorted(wanted.values(), key=lambda e: stages[e.id])  # stable: todo's order within a stage
+    waves = [[e for e in order if stages[e.id] == n] for n in range(max(stages.values(), default=-1) + 1)]
+    return [w for w in waves if w]
+
+
+def _stage(entry: ZooEntry, wanted: dict[str, ZooEntry], seen: frozenset[str] = frozenset()) -> int:
+    """0 for an entry that needs no entry of ``wanted``, else one more than the entry it needs."""
+    dep = entry.dependency()
+    if dep is None or dep[1] not in wanted:
+        return 0
+    if dep[1] in seen:  # e.g. a teacher that post-processes its own student: nothing can start
+        raise UserError(f"zoo entry {entry.id} {dep[0]} entry {dep[1]}, which needs {entry.id} in turn")
+    return 1 + _stage(wanted[dep[1]], wanted, seen | {entry.id})
 
 
 @dataclass(frozen=True)

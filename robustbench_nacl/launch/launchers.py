@@ -1,6 +1,6 @@
 """The launchers (:data:`LAUNCHERS`: local, submitit-local, slurm): how tasks are submitted, how
 their recorded jobs are looked at later, and :func:`launch`, which hands tasks to one of them
-(a distilling entry's training after its teacher's)."""
+(an entry's training after that of the entry it needs: a DeACL teacher, a post entry's parent)."""
 
 from __future__ import annotations
 
@@ -251,10 +251,11 @@ LAUNCHERS.add(
 def launch(launcher: str, tasks: list[Task], opts: LaunchOptions) -> list[Submitted]:
     """Hand ``tasks`` to ``launcher``; each gets a job record (local: the work is done on return).
 
-    A training task whose entry distils a teacher entry (DeACL) that is not trained yet waits for it:
-    a launcher that waits trains the teachers first, then the students; one that does not (Slurm)
-    submits the rest now and holds those back with a note on stderr (a job array has no dependency
-    order): running `zoo train` again once the teachers are trained submits them.
+    A training task whose entry needs another entry's checkpoint that is not trained yet (a DeACL
+    teacher, the parent of a ++ post entry) waits for it: a launcher that waits trains those first,
+    then the rest; one that does not (Slurm) submits the rest now and holds those back with a note on
+    stderr (a job array has no dependency order): running `zoo train` again once the needed entries
+    are trained submits them.
     """
     if not tasks:
         return []
@@ -262,34 +263,40 @@ def launch(launcher: str, tasks: list[Task], opts: LaunchOptions) -> list[Submit
     first, held = teacher_order(tasks, chosen.waits)
     if not held:
         return chosen.submit(tasks, opts)
-    if chosen.waits:
-        return (chosen.submit(first, opts) if first else []) + chosen.submit(held, opts)
+    if chosen.waits:  # this stage, then the next (a post entry of a DeACL student: three stages)
+        if not first:
+            raise UserError(f"zoo entries {', '.join(t.entry.id for t in held[:3])} need each other")
+        return chosen.submit(first, opts) + launch(launcher, held, opts)
     print(
-        f"{len(held)} training job(s) wait for their teacher's training and were not submitted "
-        f"({', '.join(t.entry.id for t in held[:3])}{', ...' if len(held) > 3 else ''}): run "
-        "`zoo train` again once `zoo status` says their teachers are trained (`zoo train TEACHER_ID`)",
+        f"{len(held)} training job(s) wait for the training of their teacher or post parent and were "
+        f"not submitted ({', '.join(t.entry.id for t in held[:3])}{', ...' if len(held) > 3 else ''}): "
+        "run `zoo train` again once `zoo status` says those are trained (`zoo train ENTRY_ID`)",
         file=sys.stderr,
     )
     return chosen.submit(first, opts) if first else []
 
 
 def teacher_order(tasks: list[Task], waits: bool) -> tuple[list[Task], list[Task]]:
-    """(tasks that can run now, training tasks whose teacher entry is not trained yet). With a
-    launcher that waits, a held task whose teacher is not trained by this submission is a one-line
-    error (without one, the teacher may be a job still running: the task is only held)."""
-    held = [t for t in tasks if t.action == "train" and t.entry.teacher and not _teacher_trained(t)]
+    """(tasks that can run now, training tasks whose needed entry, a DeACL teacher or a post entry's
+    parent, is not trained yet). With a launcher that waits, a held task whose needed entry is not
+    trained by this submission is a one-line error (without one, it may be a job still running: the
+    task is only held)."""
+    held = [t for t in tasks if t.action == "train" and not _dependency_trained(t)]
     first = [t for t in tasks if t not in held]
-    training = {t.entry.id for t in first if t.action == "train"}
+    training = {t.entry.id for t in tasks if t.action == "train"}  # held ones train at a later stage
     for t in held:
-        if waits and t.entry.teacher not in training:
+        verb, needed = t.entry.dependency() or ("", "")
+        if waits and needed not in training:
             raise UserError(
-                f"zoo entry {t.entry.id} distils entry {t.entry.teacher}, which is neither trained under "
-                f"{t.ckpts} nor trained by this command: add it (`zoo train {t.entry.teacher} "
+                f"zoo entry {t.entry.id} {verb} entry {needed}, which is neither trained under "
+                f"{t.ckpts} nor trained by this command: add it (`zoo train {needed} "
                 f"{t.entry.id}`) or train it first"
             )
     return first, held
 
 
-def _teacher_trained(task: Task) -> bool:
-    """Whether the task's teacher entry is trained under the task's checkpoints."""
-    return (Path(task.ckpts) / str(task.entry.teacher) / "manifest.json").is_file()
+def _dependency_trained(task: Task) -> bool:
+    """Whether the entry the task's entry needs (teacher, post parent; None: nothing) is trained
+    under the task's checkpoints."""
+    dep = task.entry.dependency()
+    return dep is None or (Path(task.ckpts) / dep[1] / "manifest.json").is_file()

@@ -24,13 +24,23 @@ class Action:
     progress: Callable[[ZooEntry, Path, Path, dict[str, set[str]]], bool]  # something partial is on disk
 
 
+#: what a killed training leaves in its checkpoint folder: train's resume state, post_process's
+#: per-stage states (robustbench_nacl.post.run.STATE_DIR; named here so that `zoo status` imports no torch)
+PARTIAL = ("train_state.pt", "post-state")
+
+
+def _partly_trained(folder: Path) -> bool:
+    """Whether a training (or post-processing) of this folder was started and not finished."""
+    return any((folder / name).exists() for name in PARTIAL)
+
+
 ACTIONS: Registry[Action] = Registry("zoo action")
 ACTIONS.add(
     "train",
     Action(
         run=lambda t: train_entry(t.entry, t.ckpts, device=t.device, progress=t.progress),
         done=lambda e, ck, board, rows: is_trained(e, ck),
-        progress=lambda e, ck, board, rows: (checkpoint_dir(e, ck) / "train_state.pt").is_file(),
+        progress=lambda e, ck, board, rows: _partly_trained(checkpoint_dir(e, ck)),
     ),
     help="train the entry into CHECKPOINTS/<id>",
 )

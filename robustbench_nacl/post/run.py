@@ -52,12 +52,15 @@ def post_process(
     device: str | None = None,
     data_root: str | None = None,
     progress: bool = True,
+    checkpoint_id: str | None = None,
 ) -> Path:
     """Post-process ``checkpoint`` with ``recipe`` into ``out``; returns ``out``.
 
     Pseudo-labels on the training split of ``dataset`` (default: the parent's pretraining data),
     linear probing, adversarial finetuning, export. Every random draw derives from the parent's
     seed. A killed run resumes from its last finished epoch; a finished one is not redone.
+    ``checkpoint_id``: the manifest's ``id`` (a zoo entry's id; default: made from the encoder,
+    loss, data, seed and configuration hash), as ``train``'s ``TrainConfig.id``.
     """
     cfg = resolve_recipe(recipe, overrides)
     parent_path = _parent_manifest(checkpoint)
@@ -90,7 +93,7 @@ def post_process(
     walls = {"pseudo_labels": time.perf_counter() - t0}
     model = _train(encoder, train, labels, cfg, k, seed, out / STATE_DIR, progress, walls)
     info = cluster_info | {"wall_s": walls}
-    _export(out, model[0], parent, parent_path, cfg, training, (spec, data_root), dev, info)
+    _export(out, model[0], parent, parent_path, cfg, training, (spec, data_root), dev, info, checkpoint_id)
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)
     return out
 
@@ -221,9 +224,11 @@ def _train(
 def _export(
     out: Path, encoder: nn.Module, parent: dict[str, Any], parent_path: Path, cfg: PostRecipe,
     training: dict[str, Any], data: tuple[str, str | None], dev: torch.device, info: dict[str, Any],
+    own_id: str | None = None,
 ) -> None:  # fmt: skip
     """The encoder (both branches; evaluated through ``cfg.export_route``), the pseudo-labels, the
-    manifest (last: its presence marks a complete checkpoint). ``data``: (dataset spec, data root)."""
+    manifest (last: its presence marks a complete checkpoint). ``data``: (dataset spec, data root);
+    ``own_id``: the manifest's id when the caller names it (a zoo entry's)."""
     spec, root = data
     out.mkdir(parents=True, exist_ok=True)
     set_bn_route(encoder, cfg.export_route)
@@ -236,7 +241,7 @@ def _export(
     ds = spec.replace(":", "-").replace("@", "+").replace(",", "_")
     manifest = {
         **{k: v for k, v in parent.items() if k not in ("teacher", "distributed", "knn_acc_init")},
-        "id": f"{encoder_name}.{loss}_{ds}_s{parent.get('seed')}_{csha[:ID_HASH_CHARS]}",
+        "id": own_id or f"{encoder_name}.{loss}_{ds}_s{parent.get('seed')}_{csha[:ID_HASH_CHARS]}",
         "loss": loss,
         "dual_bn": True,
         "eval_bn_route": cfg.export_route,

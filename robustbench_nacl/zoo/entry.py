@@ -33,14 +33,28 @@ class ZooEntry:
     weights_sha256: str | None = None  # pinned once trained and published
     # DeACL: the id of the entry of the same zoo whose checkpoint is the stage-1 teacher
     teacher: str | None = None
+    # the ++ post-processing: {"parent": <id of an entry of the same zoo>, "recipe": <post recipe>};
+    # such an entry is not trained but post-processed from its parent's checkpoint (``overrides``
+    # are then the post recipe's settings)
+    post: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (the manifest file's content); ``teacher`` only where an entry has one, so every
-        other manifest is what it was."""
+        """JSON form (the manifest file's content); ``teacher`` and ``post`` only where an entry has
+        one, so every other manifest is what it was."""
         out = asdict(self)
-        if out["teacher"] is None:
-            del out["teacher"]
+        for k in ("teacher", "post"):
+            if out[k] is None:
+                del out[k]
         return out
+
+    def dependency(self) -> tuple[str, str] | None:
+        """(verb, entry id) of the entry whose checkpoint this one needs before it can be made: its
+        DeACL teacher ("distils") or its post-processing parent ("post-processes"); None if none."""
+        if self.post is not None:
+            return "post-processes", str(self.post["parent"])
+        if self.teacher is not None:
+            return "distils", self.teacher
+        return None
 
     def train_config(
         self, data_root: str | None = None, *, ckpts: str | Path | None = None, **extra: Any
@@ -49,6 +63,11 @@ class ZooEntry:
         checkpoints folder where that entry is trained (:func:`teacher_dir`)."""
         from ..training import TrainConfig
 
+        if self.post is not None:  # made by post_process from its parent's checkpoint, not by train
+            raise UserError(
+                f"zoo entry {self.id} post-processes entry {self.post['parent']}: it has no training "
+                "configuration of its own; make it with `zoo train`"
+            )
         overrides = dict(self.overrides)
         if self.teacher is not None:
             if ckpts is None:
@@ -77,6 +96,19 @@ def teacher_dir(entry: ZooEntry, ckpts: str | Path) -> Path:
         raise UserError(
             f"zoo entry {entry.id} distils the checkpoint of entry {entry.teacher}, which is not trained "
             f"under {ckpts} yet: train {entry.teacher} first (`zoo train` orders them)"
+        )
+    return d
+
+
+def post_parent_dir(entry: ZooEntry, ckpts: str | Path) -> Path:
+    """The trained checkpoint of a post entry's ``post.parent`` entry under ``ckpts`` (absolute); a
+    one-line error when it is not trained there yet."""
+    parent = str((entry.post or {}).get("parent"))
+    d = (Path(ckpts) / parent).resolve()
+    if not (d / "manifest.json").is_file():
+        raise UserError(
+            f"zoo entry {entry.id} post-processes the checkpoint of entry {parent}, which is not trained "
+            f"under {ckpts} yet: train {parent} first (`zoo train` orders them)"
         )
     return d
 

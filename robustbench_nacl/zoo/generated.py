@@ -52,6 +52,42 @@ def teacher_of(loss: str, encoder: str, dataset: str, seed: int) -> str | None:
     return expected_id(encoder, TEACHER_PRESET, dataset, seed)
 
 
+#: preset of a generated entry -> the ++ post-processing recipe (post/recipes.py) its authors run
+#: on it: the zoos that hold the robust-SSL leaderboard (fashion-mnist, robust-ssl-cifar10) get one
+#: post entry per such entry (:func:`post_entries`); demo and paper do not
+#: (docs/decisions.md, 'The ++ post-processing')
+POST_OF = {"dynacl": "dynacl++", "dynacl_air": "air++"}
+
+
+def post_entries(entries: list[ZooEntry]) -> list[ZooEntry]:
+    """One post entry per entry of a :data:`POST_OF` preset (without a tag of its own): the parent's
+    encoder, dataset, seed, recipe and evaluation, loss ``<preset>++`` (what the post-processed
+    checkpoint records), the recipe at its authors' settings (no overrides)."""
+    from ..post import POST_RECIPES
+
+    out = []
+    for p in entries:
+        recipe = POST_OF.get(p.loss)
+        if recipe is None or p.id != expected_id(p.encoder, p.loss, p.dataset, p.seed):
+            continue
+        loss = f"{p.loss}++"
+        out.append(
+            replace(
+                p,
+                id=expected_id(p.encoder, loss, p.dataset, p.seed),
+                loss=loss,
+                overrides={},
+                recipe=json.loads(json.dumps(p.recipe)),  # a deep copy: entries share no dicts
+                eval=json.loads(json.dumps(p.eval)),
+                description=f"{POST_RECIPES.get(recipe).description} [of {p.id}]",
+                weights_sha256=None,
+                teacher=None,
+                post={"parent": p.id, "recipe": recipe},
+            )
+        )
+    return out
+
+
 def paper_zoo(seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> list[ZooEntry]:
     """CIFAR-100, resnet18_cifar, NaCl recipe: every preset at paper settings plus the grids of Tables 2-5."""
     from ..losses import PRESETS
@@ -180,8 +216,9 @@ def _one_per_family(
 
 def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
     """Fashion-MNIST classes 0-4, convnet_small (width 16): every preset x 3 seeds (the reference zoo),
-    SLF and ALF for every seed, AFF too for :data:`FMNIST_AFF_SEEDS`."""
-    return _one_per_family(
+    SLF and ALF for every seed, AFF too for :data:`FMNIST_AFF_SEEDS`; and the ++ post-processing of
+    the dynacl and dynacl_air entries (:func:`post_entries`), evaluated as their parents."""
+    presets = _one_per_family(
         "fashion-mnist",
         "fashion-mnist:0-4",
         FMNIST_RECIPE,
@@ -190,6 +227,7 @@ def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
         tag_m=True,
         protocols=lambda s: "slf,alf,aff" if s in FMNIST_AFF_SEEDS else "slf,alf",
     )
+    return presets + post_entries(presets)
 
 
 def demo_zoo() -> list[ZooEntry]:
@@ -274,7 +312,8 @@ ROBUST_SSL_EVAL = {"transfer": None, "shift": None, "suite": "robust-ssl", "n_ex
 
 def robust_ssl_cifar10_zoo(seeds: tuple[int, ...] = (0,)) -> list[ZooEntry]:
     """CIFAR-10, resnet18_cifar: ACL, RoCL, DynACL, DeACL (with its SimCLR teacher), ACL-AIR and
-    DynACL-AIR at their authors' pretraining recipes (:data:`ROBUST_SSL_RECIPES`), seed 0; meant for GPUs."""
+    DynACL-AIR at their authors' pretraining recipes (:data:`ROBUST_SSL_RECIPES`), and DynACL++ and
+    DynACL-AIR++ (:func:`post_entries`), seed 0; meant for GPUs."""
     from ..losses import PRESETS
 
     out = []
@@ -295,7 +334,7 @@ def robust_ssl_cifar10_zoo(seeds: tuple[int, ...] = (0,)) -> list[ZooEntry]:
                     teacher=teacher_of(loss, "resnet18_cifar", "cifar10", s),
                 )
             )
-    return out
+    return out + post_entries(out)  # DynACL++ and DynACL-AIR++ at their authors' settings
 
 
 def training_fields(entry: ZooEntry) -> dict[str, Any]:

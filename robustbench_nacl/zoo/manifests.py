@@ -54,9 +54,6 @@ def zoo_root(root: str | Path | None = None) -> Path:
 
 def parse_entry(data: Any, source: str) -> ZooEntry:
     """Validate one manifest; every problem is a one-line UserError naming the file and the field."""
-    from ..data import parse_spec
-    from ..losses import resolve
-    from ..models.factory import check_encoder
 
     def bad(msg: str) -> UserError:  # values from the file may hold newlines: the error stays one line
         return UserError(" ".join(f"zoo manifest {source}: {msg}".split()))
@@ -84,6 +81,7 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
         "description": str,
         "weights_sha256": (str, type(None)),
         "teacher": (str, type(None)),
+        "post": (dict, type(None)),
     }
     for k, v in data.items():
         if k not in required and k not in optional:
@@ -119,9 +117,21 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
     for k, v in data.get("overrides", {}).items():
         if v is not None and not isinstance(v, str | int | float | bool):
             raise bad(f"overrides.{k} must be a number, string, boolean or null, not {type(v).__name__}")
+    _check_registered(data, bad)
+    return ZooEntry(**data)
+
+
+def _check_registered(data: dict[str, Any], bad: Any) -> None:
+    """The names the entry uses: encoder, loss preset and its overrides (or, for a post entry, its
+    parent preset and post recipe), dataset, optimizer; then the ``teacher`` / ``post`` field."""
+    from ..data import parse_spec
+    from ..losses import resolve
+    from ..models.factory import check_encoder
+
+    post = data.get("post") is not None
     try:
         check_encoder(data["encoder"])  # a registered (or plugin) encoder, or timm:NAME
-        params = resolve(data["loss"], dict(data.get("overrides", {})))
+        params = None if post else resolve(data["loss"], dict(data.get("overrides", {})))
         parse_spec(data["dataset"])
         _check_optimizer(data["recipe"])
     except UserError as e:
@@ -129,8 +139,10 @@ def parse_entry(data: Any, source: str) -> ZooEntry:
     except (TypeError, ValueError) as e:
         # a JSON value of the wrong type for its loss parameter (e.g. "t": null) reaches the range checks
         raise bad(f"overrides hold a value of the wrong type for its parameter ({one_line(e)})") from None
-    _check_teacher_field(data, "teacher" in params.extra_params(), bad)
-    return ZooEntry(**data)
+    if params is None:
+        _check_post_field(data, bad)
+    else:
+        _check_teacher_field(data, "teacher" in params.extra_params(), bad)
 
 
 def _check_optimizer(recipe: dict[str, Any]) -> None:
@@ -207,6 +219,78 @@ def check_teachers(entries: list[ZooEntry], source: str) -> None:
             raise UserError(f"zoo {source}: entry {e.id} names teacher {t.id}, which has a teacher itself")
 
 
+def _check_post_field(data: dict[str, Any], bad: Any) -> None:
+    """``post``: {"parent": the id of another entry of this zoo, "recipe": a post-processing recipe
+    (``robustbench-nacl post --recipe``)}. The entry's ``loss`` is its parent's preset + "++" (what
+    the post-processed checkpoint records, so the board's family), its ``overrides`` the recipe's
+    settings; it has no teacher (its parent's checkpoint is its one input)."""
+    from ..losses import resolve
+    from ..post.recipes import resolve_recipe
+
+    post, loss = data["post"], data["loss"]
+    if set(post) != {"parent", "recipe"}:
+        raise bad('field \'post\' must be {"parent": ENTRY_ID, "recipe": NAME} and nothing else')
+    parent, recipe = post["parent"], post["recipe"]
+    if not isinstance(parent, str) or not _SAFE_NAME.fullmatch(parent) or parent == data["id"]:
+        raise bad(f"post.parent must be the id of another entry of this zoo, not {parent!r}")
+    if not isinstance(recipe, str):
+        raise bad(f"post.recipe must be the name of a post-processing recipe, not {recipe!r}")
+    if data.get("teacher") is not None:
+        raise bad("a post entry has no 'teacher': its parent's checkpoint is its one input")
+    if not loss.endswith("++"):
+        raise bad(f"loss {loss!r} of a post entry must be its parent's preset + '++' (e.g. 'dynacl++')")
+    try:
+        resolve(loss[:-2], {})
+        resolve_recipe(recipe, dict(data.get("overrides", {})))
+    except UserError as e:
+        raise bad(f"{e} (field 'post')") from None
+
+
+def check_posts(entries: list[ZooEntry], source: str) -> None:
+    """Each ``post.parent`` names an entry of the same zoo that is no post entry itself (one stage),
+    has dual BatchNorm (the ++ recipes read its clean branch and train its adversarial one) and the
+    post entry's encoder, dataset, seed and recipe; the post entry's loss is the parent's + "++"."""
+    by_id = {e.id: e for e in entries}
+    for e in entries:
+        if e.post is None:
+            continue
+        p = by_id.get(e.post["parent"])
+        if p is None or p.zoo != e.zoo:
+            raise UserError(
+                f"zoo {source}: entry {e.id} post-processes {e.post['parent']!r}, which is no entry of "
+                f"zoo {e.zoo!r}"
+            )
+        if p.post is not None:
+            raise UserError(f"zoo {source}: entry {e.id} post-processes {p.id}, a post entry itself")
+        if e.loss != f"{p.loss}++":
+            raise UserError(
+                f"zoo {source}: entry {e.id} post-processes {p.id}: its loss must be {p.loss + '++'!r} "
+                f"(what the post-processed checkpoint records), not {e.loss!r}"
+            )
+        same = ("encoder", "encoder_kwargs", "dataset", "seed", "recipe")
+        if differ := [k for k in same if getattr(e, k) != getattr(p, k)]:
+            raise UserError(
+                f"zoo {source}: entry {e.id} differs from its parent {p.id} in {', '.join(differ)}: a "
+                f"post entry repeats its parent's {', '.join(same)}"
+            )
+        if not has_dual_bn(p):
+            raise UserError(
+                f"zoo {source}: entry {e.id} post-processes {p.id}, which has no dual BatchNorm: the ++ "
+                "recipes need an adversarial preset with dual_bn (acl, dynacl, dynacl_air, ...)"
+            )
+
+
+def has_dual_bn(entry: ZooEntry) -> bool:
+    """Whether the entry's trained encoder has dual BatchNorm (as training.manifest decides: an
+    adversarial objective with ``dual_bn``); a post entry's always has (its parent's)."""
+    from ..losses import needs, resolve
+
+    if entry.post is not None:
+        return True
+    params = resolve(entry.loss, dict(entry.overrides))
+    return bool(needs(params).adversarial and params.dual_bn)
+
+
 def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[ZooEntry]:
     """Every entry of one zoo (a subfolder of the zoo root), or of all zoos; ids must be unique."""
     base = zoo_root(root)
@@ -230,6 +314,7 @@ def load_zoo(name: str | None = None, root: str | Path | None = None) -> list[Zo
             raise UserError(f"zoo manifest {path}: duplicate id {entry.id!r}")
         entries[entry.id] = entry
     check_teachers(list(entries.values()), str(base))
+    check_posts(list(entries.values()), str(base))
     return list(entries.values())
 
 
