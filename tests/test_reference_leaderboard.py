@@ -89,7 +89,10 @@ def test_autoattack_standard_in_domain_and_its_apgd_in_transfer_for_every_encode
 
 
 def test_every_trained_row_names_published_weights_that_verify(rows: list, tmp_path: Path) -> None:
-    entries = zoo.load_zoo("fashion-mnist")
+    # the board's families (coverage.json); a preset added since (AIR, the ++ entries) is in the zoo,
+    # not yet on the board nor published: the regeneration trains it
+    declared = set(json.loads((BOARD / "coverage.json").read_text())["presets"])
+    entries = [e for e in zoo.load_zoo("fashion-mnist") if e.loss in declared]
     cards = {p.parent.name: json.loads(p.read_text()) for p in MODELS.glob("*/card.json")}
     assert set(cards) == {e.id for e in entries}
     for e in entries:  # the zoo pin, the card, the manifest and the file agree
