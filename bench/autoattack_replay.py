@@ -1,6 +1,6 @@
 """Replay the reference board's AutoAttack rows with pyautoattack called directly, example by example.
 
-``python bench/autoattack_replay.py [--n-rows 1] [NAME ...] [--control-of NAME] [--out FILE]``
+``python bench/autoattack_replay.py [NAME ...] [--control-of NAME] [--out FILE]``
 
 For each published Fashion-MNIST encoder NAME (default: simclr, intcl, acl and dynacl, seed 0): the
 classifier the tool attacked (``load_model(NAME, head=True)``, the encoder in channels-last as

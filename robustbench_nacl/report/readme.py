@@ -134,7 +134,53 @@ def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any
     lines.append(f"| all | | | {_seconds(total)} | | |")
     return "\n".join(lines) + (
         f"\n\nOn two cores at once: about {total / 2 / 3600:.1f} hours of wall time, had nothing else run.\n"
-    )
+    ) + aa_split(rows)
+
+
+AA_ORDER = ("apgd-ce", "apgd-t", "fab-t", "square", "apgd-dlr", "fab")
+
+
+def aa_split(rows: Sequence[Mapping[str, Any]]) -> str:
+    """AutoAttack's core-seconds per protocol split by component, with the examples each component
+    forwarded through the model, from the rows' ``aa_wall_s_<c>`` / ``aa_forward_examples_<c>``;
+    rows written before those fields existed are counted apart ("not split")."""
+    by: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["attack"] != "autoattack":
+            continue
+        st = by.setdefault(protocol_name(r), {"n": 0, "old": 0.0, "rest": 0.0, "s": {}, "f": {}})
+        st["n"] += 1
+        names = [c for c in str(r.get("aa_components", "")).split(",") if c]
+        if not names or f"aa_wall_s_{names[0].replace('-', '_')}" not in r:
+            st["old"] += float(r.get("wall_s") or 0.0)
+            continue
+        spent = 0.0
+        for c in names:
+            key = c.replace("-", "_")
+            st["s"][c] = st["s"].get(c, 0.0) + float(r[f"aa_wall_s_{key}"])
+            st["f"][c] = st["f"].get(c, 0) + int(r[f"aa_forward_examples_{key}"])
+            spent += float(r[f"aa_wall_s_{key}"])
+        st["rest"] += float(r.get("wall_s") or 0.0) - spent
+    comps = [c for c in AA_ORDER if any(c in st["s"] for st in by.values())]
+    if not by:
+        return ""
+    head = ["stage", "AutoAttack rows", "not split (rows before per-component times)"]
+    lines = [
+        "",
+        "AutoAttack by component: core-seconds (model forwards, in examples)",
+        "",
+        "| " + " | ".join([*head, *comps, "rest (checks, clean and deciding forwards)"]) + " |",
+        "|" + "---|" * (len(head) + len(comps) + 1),
+    ]
+    for name in ("slf", "alf", "aff"):
+        if name in by:
+            st = by[name]
+            cells = [f"{st['s'][c]:,.0f} s ({st['f'][c]:,})" if c in st["s"] else "–" for c in comps]
+            rest = f"{st['rest']:,.0f} s" if st["s"] else "–"
+            lines.append(
+                f"| {name.upper()} | {st['n']} | {st['old']:,.0f} s | " + " | ".join([*cells, rest]) + " |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def _claims(name: str) -> Callable[[Path, Path], str]:
