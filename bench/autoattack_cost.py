@@ -9,6 +9,9 @@ Cases (``--quick``: the first one at 24 examples only):
   reference row's setting, attacked through ``attack.runner.robust_under_attack`` (chunks of 256,
   the seed ``benchmark`` derives), so the outcome of every example is also compared with the row's
   ``robust_bits``.
+- after each standard run, the same examples under AutoAttack screening (``version = "screen"``,
+  its own seed as ``benchmark`` derives it for that suite entry): its wall time, speed-up and how
+  many examples' outcomes differ from standard's.
 - ``resnet18_cifar``: a random-init resnet18_cifar (seed 0) with a random linear head, 10 classes,
   on ``n`` random uint8 images of CIFAR's shape labelled with its own clean predictions (every one
   attacked) at 8/255: timing only.
@@ -23,6 +26,7 @@ work between passes (step sizes, projections, Square's sampling) and ours around
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -103,40 +107,50 @@ def _resnet(n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, None]:
     return model, x, y, None
 
 
-def _case(model: nn.Module, x: torch.Tensor, y: torch.Tensor, row: dict[str, Any] | None, eps: float) -> dict:
-    """AutoAttack standard through the tool on the clean-correct examples; wall, pure, per component."""
+def attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, version: str, seed: int, eps: float) -> dict:
+    """AutoAttack ``version`` through the tool (``robust_under_attack``, chunks of 256, the seed
+    ``benchmark`` derives from ``seed``) on the clean-correct examples of ``x``: the row fields,
+    the per-example robust mask, wall and pure compute."""
     from robustbench_nacl.attack import autoattack as aa_trace
     from robustbench_nacl.attack.runner import robust_under_attack
     from robustbench_nacl.eval.benchmark import derive_seed
-    from robustbench_nacl.results.bits import decode_bits
 
-    params = dict(row["attack_params"]) if row else {"version": "standard"}
-    seed = derive_seed(row["seed"] if row else 0, "autoattack", "Linf", params, eps)
+    params = {"version": version}
+    gen = torch.Generator().manual_seed(derive_seed(seed, "autoattack", "Linf", params, eps))
     with torch.no_grad():
-        ok = model(x).argmax(1) == y
-    todo = ok.nonzero().flatten()
+        todo = (model(x).argmax(1) == y).nonzero().flatten()
     timed = Timed(model).eval()
     with aa_trace.recording() as rec:
         t = time.perf_counter()
         correct, _ = robust_under_attack(
-            "autoattack", timed, x[todo], y[todo], [eps], norm="Linf",
-            gens=[torch.Generator().manual_seed(seed)], batch_size=256,
+            "autoattack", timed, x[todo], y[todo], [eps], norm="Linf", gens=[gen], batch_size=256,
             params={**params, "num_classes": int(model(x[:1]).shape[1])},
         )  # fmt: skip
         wall = time.perf_counter() - t
-    fields = aa_trace.component_fields(rec[eps], todo, len(x), lambda m: m)
-    pure = timed.spent + timed.backward_seconds()
     robust = torch.zeros(len(x), dtype=torch.bool)
     robust[todo] = correct[0]
+    pure = timed.spent + timed.backward_seconds()
+    fields = aa_trace.component_fields(rec[eps], todo, len(x), lambda m: m)
+    return {"fields": fields, "robust": robust, "wall": wall, "pure": pure, "timed": timed, "todo": todo}
+
+
+def _case(model: nn.Module, x: torch.Tensor, y: torch.Tensor, row: dict[str, Any] | None, eps: float) -> dict:
+    """AutoAttack standard, then screening, through the tool; wall, pure, per component, and the
+    outcomes against the committed row where it measured the same examples."""
+    from robustbench_nacl.results.bits import decode_bits
+
+    seed = row["seed"] if row else 0
+    std = attack(model, x, y, "standard", seed, eps)
+    fields = std["fields"]
     out = {
         "n_examples": len(x),
-        "attacked": len(todo),
-        "robust": int(robust.sum()),
-        "wall_s": round(wall, 2),
-        "pure_compute_s": round(pure, 2),
-        "forward_s": round(timed.spent, 2),
-        "model_calls": timed.calls,
-        "wall_over_pure": round(wall / pure, 3),
+        "attacked": len(std["todo"]),
+        "robust": int(std["robust"].sum()),
+        "wall_s": round(std["wall"], 2),
+        "pure_compute_s": round(std["pure"], 2),
+        "forward_s": round(std["timed"].spent, 2),
+        "model_calls": std["timed"].calls,
+        "wall_over_pure": round(std["wall"] / std["pure"], 3),
         "per_component": {
             c: {k: fields[f"aa_{k}_{c.replace('-', '_')}"] for k in KEYS}
             for c in fields["aa_components"].split(",")
@@ -146,8 +160,16 @@ def _case(model: nn.Module, x: torch.Tensor, y: torch.Tensor, row: dict[str, Any
     }
     if row is not None and len(x) == row["n_examples_evaluated"]:  # --quick runs fewer: no comparison
         committed = decode_bits(row["robust_bits"], len(x))
-        out["bits_equal_committed_row"] = bool((robust.numpy() == committed).all())
+        out["bits_equal_committed_row"] = bool((std["robust"].numpy() == committed).all())
         out["row_robust"] = int(row["n_robust"])
+    scr = attack(model, x, y, "screen", seed, eps)
+    out["screen"] = {
+        "robust": int(scr["robust"].sum()),
+        "wall_s": round(scr["wall"], 2),
+        "speedup_vs_standard": round(std["wall"] / scr["wall"], 2),
+        "examples_differ_from_standard": int((scr["robust"] != std["robust"]).sum()),
+        **{k: scr["fields"][f"aa_screen_{k}"] for k in ("survivors", "sample_size", "found")},
+    }
     return out
 
 
@@ -175,17 +197,26 @@ def _corruption_times() -> dict[str, Any]:
     return out
 
 
+PARTIAL = ROOT / "bench" / "autoattack_cost.partial.jsonl"  # each case as it lands (a long run)
+
+
+def _land(name: str, case: dict[str, Any]) -> dict[str, Any]:
+    with PARTIAL.open("a") as fh:
+        fh.write(json.dumps({"case": name, **case}) + "\n")
+    return case
+
+
 def run(args: Any) -> dict[str, Any]:
-    """Every case; the value is the largest wall / pure ratio."""
+    """Every case; the value is the largest wall / pure ratio of AutoAttack standard."""
     quick = getattr(args, "quick", False)
-    n_fm, n_resnet = (24, 8) if quick else (500, 16)
+    n_fm, n_resnet = (24, 4) if quick else (500, 8)
     cases: dict[str, Any] = {}
     for family in ("simclr",) if quick else ("simclr", "acl"):
         print(f"autoattack_cost: {family}", file=sys.stderr, flush=True)
-        cases[family] = _case(*_published(family, n_fm), eps=0.032)
+        cases[family] = _land(family, _case(*_published(family, n_fm), eps=0.032))
     if not quick:
         print("autoattack_cost: resnet18_cifar", file=sys.stderr, flush=True)
-        cases["resnet18_cifar"] = _case(*_resnet(n_resnet), eps=8 / 255)
+        cases["resnet18_cifar"] = _land("resnet18_cifar", _case(*_resnet(n_resnet), eps=8 / 255))
     worst = max(c["wall_over_pure"] for c in cases.values())
     return {
         "figure": "autoattack_cost",
