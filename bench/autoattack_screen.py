@@ -81,8 +81,9 @@ def screen_one(name: str, data: dict[str, Any]) -> dict[str, Any]:
         "screen_found": f["aa_screen_found"],
         "flag_fired": f["aa_screen_found"] > 0,
         "screen_wall_s": round(got["wall"], 1),
-        "screen_per_component_s": {
-            c: f[f"aa_wall_s_{c.replace('-', '_')}"] for c in f["aa_components"].split(",")
+        "screen_per_component": {
+            c: [f[f"aa_{k}_{c.replace('-', '_')}"] for k in ("wall_s", "forward_examples")]
+            for c in f["aa_components"].split(",")
         },
         "standard_row_wall_s_reference_machine": round(float(row["wall_s"]), 1),
     }
