@@ -301,7 +301,7 @@ EVAL_BAD = {
         ["--suite", "nope"],
         (
             "unknown attack suite 'nope'",
-            "available: autoattack, autoattack-screen, fashion-mnist, fashion-mnist-aa, fashion-mnist-aa-screen,",
+            "available: autoattack, autoattack-screen, fashion-mnist, fashion-mnist-aa,",
         ),
     ),
     "unknown attack": (

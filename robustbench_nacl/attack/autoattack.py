@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 #: code of an example no component fooled (it survived AutoAttack)
 SURVIVED = -1
@@ -83,12 +84,13 @@ def new_trace(model: nn.Module, x: Tensor, y: Tensor, seed: int) -> Trace:
 
 def trace_components(
     aa: Any, model: nn.Module, x: Tensor, y: Tensor, trace: Trace, *, order: list[str], index: Tensor
-) -> None:
+) -> RemovableHandle:
     """Wrap ``aa``'s components so that ``trace`` records what each does on ``x[index]`` (``x``: what
     the trace covers; ``aa`` runs on ``x[index]`` in one batch, as :func:`..autoattack_adapter.autoattack`
     calls it, so a component receives exactly the examples of ``index`` still correct, in order).
     ``order``: the component names as the trace numbers them. The forwards are counted by a hook on
-    ``model`` while a component runs (AutoAttack's own forward of each component's result is not).
+    ``model`` while a component runs (AutoAttack's own forward of each component's result is not);
+    the caller removes it (the returned handle) once AutoAttack has run.
     """
     device = x.device
     active: list[str] = []
@@ -123,15 +125,7 @@ def trace_components(
 
     for attr in ("apgd", "apgd_targeted", "fab", "square"):
         wrap(attr)
-    handle = model.register_forward_pre_hook(count)
-    aa._trace_hook = handle  # removed by the caller (:func:`untrace`) once AutoAttack has run
-
-
-def untrace(aa: Any) -> None:
-    """Remove the forward counter :func:`trace_components` put on the model."""
-    handle = getattr(aa, "_trace_hook", None)
-    if handle is not None:
-        handle.remove()
+    return model.register_forward_pre_hook(count)
 
 
 def record(eps: float, names: list[str], trace: Trace) -> None:

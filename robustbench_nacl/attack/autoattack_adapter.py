@@ -239,9 +239,9 @@ def _run(
         attacks=names,
         n_target_classes=n_targets,
     )
-    aa_trace.trace_components(aa, model, x, y, trace, order=order, index=index)
+    hook = aa_trace.trace_components(aa, model, x, y, trace, order=order, index=index)
     try:
         x_adv, _ = aa.run_standard_evaluation(x[index], y[index], batch_size=max(1, len(index)))
     finally:
-        aa_trace.untrace(aa)
+        hook.remove()
     return x_adv

@@ -54,7 +54,7 @@ FLAGS: dict[str, str] = {
     "le_single_step": "an iterative attack is weaker than a single-step one at the same norm and eps",
     "attack_beats_noise": "the attack is weaker than random noise of the same size",
     "square_adds_nothing": "AutoAttack's Square (no gradients) fooled examples the gradient attacks missed",
-    "screen_found_nothing": "AutoAttack screening: FAB-T or Square fooled sampled examples APGD missed (run standard)",
+    "screen_found_nothing": "AutoAttack screening: FAB-T or Square fooled sampled examples APGD missed",
     "probe_underfit": "the linear probe's train accuracy is > 10 points below kNN on the same features (SLF)",
 }
 SANITY_N = 128
