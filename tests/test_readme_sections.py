@@ -166,3 +166,23 @@ def test_family_parameters_are_what_every_recipe_of_a_family_shares_beyond_the_n
     page = render_leaderboard(rows, tmp_path)["LEADERBOARD.md"].read_text()
     assert "- **family parameters**: " in page and "acl: `attack_steps=5`" in page
     assert "| acl           | views=acl " in page
+
+
+def test_the_cost_table_splits_autoattack_by_component_and_keeps_old_rows_apart() -> None:
+    comp = {"aa_components": "apgd-ce,square", "n_clean_correct": 10, "aa_n_robust_after_apgd_ce": 4,
+            "aa_n_robust_after_square": 3}  # fmt: skip
+    split = {"aa_wall_s_apgd_ce": 30.0, "aa_wall_s_square": 60.0,
+             "aa_forward_examples_apgd_ce": 4000, "aa_forward_examples_square": 250000}  # fmt: skip
+    rows = [
+        {"attack": "autoattack", "wall_s": 100.0, **comp, **split},
+        {"attack": "autoattack", "wall_s": 50.0, **comp},  # written before issue 35
+        {"attack": "fgsm", "wall_s": 7.0},
+    ]
+    lines = readme.aa_split(rows).splitlines()
+    assert lines[3].split(" | ")[3:] == ["apgd-ce", "square", "rest (checks, clean and deciding forwards) |"]
+    want = (
+        "| SLF | 2 | 50 s | 12 decided; 30 s, 4,000 forwarded | 2 decided; 60 s, 250,000 forwarded | 10 s |"
+    )
+    assert lines[5] == want
+    assert readme.aa_split([rows[1]]).splitlines()[-1] == "| SLF | 1 | 50 s | 6 decided | 1 decided | – |"
+    assert readme.aa_split(rows[2:]) == ""

@@ -301,7 +301,7 @@ EVAL_BAD = {
         ["--suite", "nope"],
         (
             "unknown attack suite 'nope'",
-            "available: autoattack, fashion-mnist, fashion-mnist-aa, fashion-mnist-apgd",
+            "available: autoattack, autoattack-screen, fashion-mnist, fashion-mnist-aa,",
         ),
     ),
     "unknown attack": (

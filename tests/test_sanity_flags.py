@@ -66,6 +66,8 @@ SUITES: dict[str, dict[str, Any]] = {
             {"name": "autoattack", "eps": [AA_EPS], "version": "custom", "attacks": ["apgd-ce", "square"]}
         ]
     },
+    # AutoAttack screening: FAB-T and Square on a sample of the APGD survivors (all of them here)
+    "screen": {"attack": [{"name": "autoattack", "eps": [AA_EPS], "version": "screen"}]},
     # ... and its control: a PGD that can use the ball
     "strong": {
         "attack": [
@@ -153,12 +155,13 @@ CASES: dict[str, tuple[str, str, str]] = {
     "le_single_step": ("convnet_small", "weak", "pgd@0.3"),
     "attack_beats_noise": ("convnet_small", "weak", "pgd@0.3"),
     "square_adds_nothing": ("quantising", "aa", f"autoattack@{AA_EPS}"),
+    "screen_found_nothing": ("quantising", "screen", f"autoattack@{AA_EPS}"),
     "probe_underfit": ("convnet_small", "strong", "all"),
 }
 # the cases evaluated with another probe than "fitted"
 CASE_PROBE = {"probe_underfit": "short"}
 # flags that apply to AutoAttack rows only
-AA_ONLY = {"square_adds_nothing"}
+AA_ONLY = {"square_adds_nothing", "screen_found_nothing"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -234,7 +237,8 @@ def test_the_sound_checkpoint_raises_no_flag(evaluated, suite: str) -> None:
     ]
     applied = {flag for flag in FLAGS if any(r[f"sanity_{flag}"] is True for r in rows)}
     not_here = {"strong": {"monotone_in_eps"} | AA_ONLY, "sweep": AA_ONLY}
-    not_here["aa"] = {"monotone_in_eps", "le_single_step"}  # one eps, no single-step attack
+    # one eps, no single-step attack; not a screening run
+    not_here["aa"] = {"monotone_in_eps", "le_single_step", "screen_found_nothing"}
     assert applied == set(FLAGS) - not_here[suite]
 
 

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from . import autoattack as aa_trace
+from .autoattack_screen import SCREEN_SAMPLE, run_screen
 from .base import ATTACKS
 from .grad import model_device
 from .params import list_of, one_of
@@ -21,6 +22,8 @@ from .rng import fork_rng, seed_from
 AA_ATTACKS = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
 AA_VERSIONS = {
     "standard": ("apgd-ce", "apgd-t", "fab-t", "square"),
+    # standard's components and settings, FAB-T and Square on a sample of APGD's survivors only
+    "screen": ("apgd-ce", "apgd-t", "fab-t", "square"),
     "plus": ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t"),
 }
 # DLR divides by the gap between the 1st and 3rd largest logits; targeted DLR also uses the 4th.
@@ -105,6 +108,7 @@ def new_autoattack(
     except ImportError:
         raise UserError(f"AutoAttack needs {AA_PACKAGE}: pip install {AA_PACKAGE}=={AA_PINNED}") from None
     common = {"device": device, "eps": eps, "norm": norm, "seed": seed}
+    version = "standard" if version == "screen" else version  # screening runs standard's components
     if version == "custom":
         aa = AutoAttack(model, attacks=list(attacks), version="custom", **common)
     else:
@@ -140,7 +144,9 @@ def _describe_autoattack(params: dict[str, Any], num_classes: int) -> dict[str, 
         attacks=kept,
         n_target_classes=n_targets,
     )
+    screen = {"screen_sample": SCREEN_SAMPLE} if version == "screen" else {}
     return {
+        **screen,
         "attacks_run": kept,
         "n_target_classes": n_targets,
         "implementation": AA_PACKAGE,
@@ -153,7 +159,7 @@ def _describe_autoattack(params: dict[str, Any], num_classes: int) -> dict[str, 
 @ATTACKS.register(
     "autoattack",
     norms=("Linf", "L2"),
-    params={"version": one_of("standard", "plus", "custom"), "attacks": list_of(*AA_ATTACKS)},
+    params={"version": one_of("standard", "screen", "plus", "custom"), "attacks": list_of(*AA_ATTACKS)},
     family="iterative",
     needs_num_classes=True,
     check_params=_check_autoattack,
@@ -173,7 +179,9 @@ def autoattack(
 ) -> Tensor:
     """AutoAttack (Croce & Hein 2020) via pyautoattack, always with an explicit seed drawn from ``gen``.
 
-    ``version`` is ``standard``, ``plus`` or ``custom`` (then ``attacks`` lists the components).
+    ``version`` is ``standard``, ``plus``, ``custom`` (then ``attacks`` lists the components) or
+    ``screen`` (standard's APGD-CE and APGD-T on every example, FAB-T and Square on a seeded sample
+    of their survivors: :mod:`.autoattack_screen`).
     ``num_classes`` defaults to the model's logits width; see :func:`autoattack_plan`.
     """
     try:
@@ -192,17 +200,48 @@ def autoattack(
     device = model_device(model, x.device)
     seed = seed_from(gen)
     with fork_rng(device), torch.enable_grad():
-        aa = new_autoattack(
-            model,
-            device=device,
-            eps=eps,
-            norm=norm,
-            seed=seed,
-            version=version,
-            attacks=kept,
-            n_target_classes=n_targets,
-        )
-        decided = aa_trace.trace_components(aa, model, x, y)
-        x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=max(1, len(x)))
-    aa_trace.record(eps, list(aa.attacks_to_run), decided)
+        trace = aa_trace.new_trace(model, x, y, seed)
+        every = torch.arange(len(x), device=x.device)
+        setup = {"eps": eps, "norm": norm, "device": device, "n_targets": n_targets, "order": kept}
+        if version != "screen":
+            x_adv = _run(model, x, y, every, kept, trace, version=version, **setup)
+        else:
+            x_adv = run_screen(model, x, y, trace, kept, lambda idx, names: _run(
+                model, x, y, idx, names, trace, version="standard", **setup))  # fmt: skip
+    aa_trace.record(eps, kept, trace)
     return x_adv.detach().to(x.dtype)
+
+
+def _run(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    index: Tensor,
+    names: list[str],
+    trace: aa_trace.Trace,
+    *,
+    version: str,
+    eps: float,
+    norm: str,
+    device: torch.device,
+    n_targets: int,
+    order: list[str],
+) -> Tensor:
+    """``names`` of one pyautoattack AutoAttack (seeded with ``trace.seed``) on ``x[index]`` in one
+    batch, traced; returns the adversarial examples of ``x[index]``."""
+    aa = new_autoattack(
+        model,
+        device=device,
+        eps=eps,
+        norm=norm,
+        seed=trace.seed,
+        version=version,
+        attacks=names,
+        n_target_classes=n_targets,
+    )
+    hook = aa_trace.trace_components(aa, model, x, y, trace, order=order, index=index)
+    try:
+        x_adv, _ = aa.run_standard_evaluation(x[index], y[index], batch_size=max(1, len(index)))
+    finally:
+        hook.remove()
+    return x_adv

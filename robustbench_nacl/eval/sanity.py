@@ -54,6 +54,7 @@ FLAGS: dict[str, str] = {
     "le_single_step": "an iterative attack is weaker than a single-step one at the same norm and eps",
     "attack_beats_noise": "the attack is weaker than random noise of the same size",
     "square_adds_nothing": "AutoAttack's Square (no gradients) fooled examples the gradient attacks missed",
+    "screen_found_nothing": "AutoAttack screening: FAB-T or Square fooled sampled examples APGD missed",
     "probe_underfit": "the linear probe's train accuracy is > 10 points below kNN on the same features (SLF)",
 }
 SANITY_N = 128
@@ -370,6 +371,9 @@ def cross_row_checks(rows: list[dict[str, Any]], *, tol_examples: int = TOL_EXAM
             None if noise is None else r["robust_acc"] <= noise + tol_examples / n
         )
         r["sanity_square_adds_nothing"] = square_adds_nothing(r, tol_examples)
+        # a screening row's sample: no slack, one find means the full run may rank differently
+        found = r.get("aa_screen_found")
+        r["sanity_screen_found_nothing"] = None if found is None else found == 0
     for i, r in enumerate(rows):
         _summarise(r, i in warn_only)
 

@@ -132,9 +132,68 @@ def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any
             f"{_seconds(st['aa'])} | {median(per_enc.values()):,.0f} s |"
         )
     lines.append(f"| all | | | {_seconds(total)} | | |")
-    return "\n".join(lines) + (
-        f"\n\nOn two cores at once: about {total / 2 / 3600:.1f} hours of wall time, had nothing else run.\n"
-    )
+    hours = f"about {total / 2 / 3600:.1f} hours of wall time, had nothing else run"
+    return "\n".join(lines) + f"\n\nOn two cores at once: {hours}.\n" + aa_split(rows)
+
+
+AA_ORDER = ("apgd-ce", "apgd-t", "fab-t", "square", "apgd-dlr", "fab")
+
+
+def _aa_row(st: dict[str, Any], r: Mapping[str, Any]) -> None:
+    """Add one AutoAttack row to a stage's totals (``st``): per component the examples it decided,
+    and its seconds and forwarded examples where the row records them."""
+    names = [c for c in str(r.get("aa_components", "")).split(",") if c]
+    split = bool(names) and f"aa_wall_s_{names[0].replace('-', '_')}" in r
+    st["n"] += 1
+    st["old"] += 0.0 if split else float(r.get("wall_s") or 0.0)
+    before, spent = int(r.get("n_clean_correct") or 0), 0.0
+    for c in names:
+        key = c.replace("-", "_")
+        after = int(r[f"aa_n_robust_after_{key}"])
+        st["d"][c] = st["d"].get(c, 0) + before - after
+        before = after
+        if split:
+            st["s"][c] = st["s"].get(c, 0.0) + float(r[f"aa_wall_s_{key}"])
+            st["f"][c] = st["f"].get(c, 0) + int(r[f"aa_forward_examples_{key}"])
+            spent += float(r[f"aa_wall_s_{key}"])
+    if split:
+        st["rest"] = st.get("rest", 0.0) + float(r.get("wall_s") or 0.0) - spent
+
+
+def aa_split(rows: Sequence[Mapping[str, Any]]) -> str:
+    """AutoAttack per protocol split by component: the examples each decided, and its core-seconds
+    and the examples it forwarded through the model from the rows' ``aa_wall_s_<c>`` /
+    ``aa_forward_examples_<c>``; the time of rows written before those fields is counted apart."""
+    by: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["attack"] == "autoattack":
+            _aa_row(by.setdefault(protocol_name(r), {"n": 0, "old": 0.0, "s": {}, "f": {}, "d": {}}), r)
+    if not by:
+        return ""
+    comps = [c for c in AA_ORDER if any(c in st["d"] for st in by.values())]
+    head = ["stage", "AutoAttack rows", "not split (rows before per-component times)"]
+    lines = [
+        "",
+        "AutoAttack by component: examples decided; core-seconds and examples forwarded where the "
+        "rows record them",
+        "",
+        "| " + " | ".join([*head, *comps, "rest (checks, clean and deciding forwards)"]) + " |",
+        "|" + "---|" * (len(head) + len(comps) + 1),
+    ]
+    for name in ("slf", "alf", "aff"):
+        if name not in by:
+            continue
+        st = by[name]
+        cells = [
+            f"{st['d'].get(c, 0):,} decided"
+            + (f"; {st['s'][c]:,.0f} s, {st['f'][c]:,} forwarded" if c in st["s"] else "")
+            for c in comps
+        ]
+        rest = f"{st['rest']:,.0f} s" if "rest" in st else "–"
+        lines.append(
+            f"| {name.upper()} | {st['n']} | {st['old']:,.0f} s | " + " | ".join([*cells, rest]) + " |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _claims(name: str) -> Callable[[Path, Path], str]:
