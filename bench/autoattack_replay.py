@@ -56,7 +56,8 @@ def _control_sha(seed: int) -> str:
 
 
 def _published(name: str) -> tuple[nn.Module, dict[str, Any]]:
-    from robustbench_nacl.published import find_model, load_model
+    from robustbench_nacl.hub.catalog import find_model
+    from robustbench_nacl.hub.load import load_model
 
     model = load_model(name, head=True)
     model.encoder.to(memory_format=torch.channels_last)  # as eval composes it (eval/recipe.py)
@@ -66,8 +67,9 @@ def _published(name: str) -> tuple[nn.Module, dict[str, Any]]:
 def _control(name: str, data: Any) -> tuple[nn.Module, dict[str, Any]]:
     from robustbench_nacl.eval.probe import ProbeConfig, fit_linear_probe
     from robustbench_nacl.eval.source import random_init_like, weights_sha256
+    from robustbench_nacl.hub.catalog import find_model
+    from robustbench_nacl.hub.load import checkpoint_dir
     from robustbench_nacl.models.foreign import load_encoder
-    from robustbench_nacl.published import checkpoint_dir, find_model
 
     encoder, info = load_encoder(checkpoint_dir(find_model(name)))
     seed = int(name.rsplit("_s", 1)[1])
