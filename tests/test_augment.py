@@ -404,7 +404,7 @@ def test_view_makers_return_n_views_of_input_shape(name: str, c: int) -> None:
 
 def test_view_makers_registry() -> None:
     expected = {"simclr", "crop_flip", "identity", "dacl", "dacl_geometric", "dacl_binary", "dacl_plus"}
-    assert expected | {"gaussian", "acl", "pad_crop_flip"} == set(A.VIEW_MAKERS.names())
+    assert expected | {"gaussian", "acl", "acl_original", "pad_crop_flip"} == set(A.VIEW_MAKERS.names())
     x = (_images(4, 3, 8) * 255).to(torch.uint8)
     ident = A.VIEW_MAKERS.get("identity")(x, 2, _gen())
     assert all(torch.equal(v, x.float() / 255) for v in ident)

@@ -147,7 +147,7 @@ def test_the_shipped_demo_rows_are_one_pack_that_reads_as_rows() -> None:
     d = published_dir() / "demo"
     assert (d / ROW_PACK).is_file() and not (d / "rows").exists()
     rows = load_rows(d)
-    assert len(rows) == 1617 and len({r.row_id for r in rows}) == 1617  # 20 entries and the control
+    assert len(rows) == 1771 and len({r.row_id for r in rows}) == 1771  # 22 entries and the control
     assert all(r["checkpoint"].startswith("models/") for r in rows)
 
 

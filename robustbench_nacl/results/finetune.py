@@ -169,7 +169,7 @@ def _check_common(cfg: FinetuneConfig) -> None:
     # eps and the step are in [0,1] pixel units (as a suite's, which refuses eps 1.5); SGD momentum
     # of 1 or more never decays a past gradient: both are typos, not settings
     for k in ("eps", "step_size"):
-        v = getattr(cfg, k)
+        v = getattr(cfg, k, None)  # SLF by SGD has no attack
         if v is not None and isinstance(v, (int, float)) and v > 1:
             raise UserError(
                 f"{name} {k.replace('_', '-')} {v!r}: must be <= 1 ([0,1] pixel units; 8/255 = 0.0314)"
