@@ -112,8 +112,8 @@ def attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, version: str, see
     ``benchmark`` derives from ``seed``) on the clean-correct examples of ``x``: the row fields,
     the per-example robust mask, wall and pure compute."""
     from robustbench_nacl.attack import autoattack as aa_trace
+    from robustbench_nacl.attack.rng import derive_seed
     from robustbench_nacl.attack.runner import robust_under_attack
-    from robustbench_nacl.eval.benchmark import derive_seed
 
     params = {"version": version}
     gen = torch.Generator().manual_seed(derive_seed(seed, "autoattack", "Linf", params, eps))

@@ -17,9 +17,10 @@ from torch import Tensor, nn
 
 from robustbench_nacl.attack import fgsm as fgsm_m
 from robustbench_nacl.attack import runner
+from robustbench_nacl.attack.rng import derive_seed
 from robustbench_nacl.attack.suites import load_suite
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.eval.benchmark import WORST_CASE, benchmark, derive_seed
+from robustbench_nacl.eval.benchmark import WORST_CASE, benchmark
 from robustbench_nacl.results.bits import decode_bits, encode_bits
 from robustbench_nacl.results.eps import eps_label
 

@@ -12,10 +12,10 @@ from _models import Normalize, one_thread, randomize_bn
 from _reliability import cli, one_line_error
 from torch import nn
 
+from robustbench_nacl.attack.rng import derive_seed
 from robustbench_nacl.data import ImageData, load_dataset
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval import finetune as ft
-from robustbench_nacl.eval.benchmark import derive_seed
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.report import protocols

@@ -16,11 +16,11 @@ from _models import Normalize, one_thread
 from _reliability import cli, one_line_error
 from torch import nn
 
+from robustbench_nacl.attack.rng import derive_seed
 from robustbench_nacl.data import ImageData, load_dataset, parse_spec
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval import finetune as ft
 from robustbench_nacl.eval import finetune_recipes as fr
-from robustbench_nacl.eval.benchmark import derive_seed
 from robustbench_nacl.eval.evaluate import evaluate, planned_identities
 from robustbench_nacl.eval.finetune_loop import augment_batch
 from robustbench_nacl.eval.probe import ProbeConfig

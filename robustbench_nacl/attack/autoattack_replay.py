@@ -23,8 +23,7 @@ def derived_seeds(row: Mapping[str, Any], n_attacked: int) -> tuple[list[int], l
     """(seeds, chunk sizes) of a row that does not record them: ``eval.benchmark`` seeds a generator
     with ``derive_seed(seed, attack, norm, attack_params, eps)`` and draws one seed per chunk of the
     row's batch size (``attack_batch_size`` when memory forced a smaller one)."""
-    from ..eval.benchmark import derive_seed
-    from .rng import seed_from
+    from .rng import derive_seed, seed_from
 
     bs = int(row.get("attack_batch_size") or row["batch_size"])
     # the generator lives on the attacked device ("cpu (x86_64, ...)" or "cuda ..." in a written row)

@@ -20,7 +20,6 @@ Protocol (see docs/decisions.md, 'Attack protocol'):
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +32,11 @@ from tqdm.auto import tqdm
 from ..attack import autoattack as aa_trace
 from ..attack.grad import model_device
 from ..attack.memory import halving_on_oom
+from ..attack.rng import derive_seed
 from ..attack.runner import attack_info, robust_under_attack
 from ..attack.suites import SUBSET, AttackSpec, Suite, attack_params, load_suite
 from ..errors import UserError
 from ..hub.cards import build_card, write_card
-from ..io import canonical_json
 from ..results.bits import encode_bits
 from ..results.eps import eps_label
 from .sanity import (
@@ -54,11 +53,6 @@ WORST_CASE = "worst_case"
 # CPU: a 256-image batch is past the throughput knee for small CNNs and ResNet-18 (measured; see
 # docs/decisions.md, 'Attack batch size').
 DEFAULT_BATCH = {"cpu": 256, "cuda": 1024}
-
-
-def derive_seed(seed: int, *parts: Any) -> int:
-    """A stable 60-bit seed from ``seed`` and JSON-able ``parts`` (independent of Python's hash salt)."""
-    return int(hashlib.sha256(canonical_json([seed, *parts]).encode()).hexdigest()[:15], 16)
 
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:

@@ -31,7 +31,7 @@ def lr_at(cfg: FinetuneConfig, epoch: int) -> float:
 
 def epoch_generator(seed: int, protocol: str, epoch: int) -> torch.Generator:
     """The CPU generator of one epoch: batch order, augmentation and attack noise come from it alone."""
-    from .benchmark import derive_seed
+    from ..attack.rng import derive_seed
 
     return torch.Generator(device="cpu").manual_seed(derive_seed(seed, protocol, epoch))
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..attack.rng import derive_seed
 from ..attack.suites import Suite
 from ..data import ImageData, load_dataset
 from ..data.corruptions import corrupt
@@ -26,7 +27,7 @@ from ..results import rows as results
 from ..results.finetune import AffConfig, FinetuneConfig
 from ..results.rows import ResultRow
 from ..utils import device_name, versions
-from .benchmark import WORST_CASE, benchmark, derive_seed
+from .benchmark import WORST_CASE, benchmark
 from .finetune import fit_protocol, run_key
 from .heads import HEADS_DIR, head_key, load_head, save_head
 from .probe import ProbedClassifier, fit_linear_probe

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..attack.rng import derive_seed
 from ..augment.views import VIEW_MAKERS
-from ..eval.benchmark import derive_seed
 from ..eval.finetune import trades_examples, trades_loss
 from ..io import atomic_open
 from ..models.dual_bn import bn_route

@@ -16,9 +16,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
+from ..attack.rng import derive_seed
 from ..data import ImageData, canonical_spec, load_dataset
 from ..errors import UserError
-from ..eval.benchmark import derive_seed
 from ..io import sha256_bytes, write_bytes_atomic
 from ..models.checkpoint import (
     MANIFEST,
