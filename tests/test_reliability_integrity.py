@@ -30,9 +30,9 @@ from _reliability import TINY
 from torch import Tensor, nn
 
 from robustbench_nacl.attack import base as attacks
-from robustbench_nacl.attack.rng import derive_seed
 from robustbench_nacl.attack.suites import load_suite
 from robustbench_nacl.errors import SanityError, UserError
+from robustbench_nacl.attack.rng import derive_seed
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig, ProbedClassifier
 from robustbench_nacl.eval.sanity import noise_accuracy
@@ -278,7 +278,7 @@ def test_autoattack_rows_written_by_evaluate_are_identical_on_repeat(ckpt: Path,
     }
     a = evaluate(ckpt, suite=suite, out=tmp_path / "a", seed=11, **QUICK)
     b = evaluate(ckpt, suite=suite, out=tmp_path / "b", seed=11, **QUICK)
-    # the per-component wall times (aa_wall_s_*) are timings, like wall_s; the passes are not
+    # AutoAttack's per-component wall times are timings too; its forwards, seeds and chunks are not
     strip = lambda rows: [  # noqa: E731
         {k: v for k, v in r.items() if k not in VOLATILE and not k.startswith("aa_wall_s_")} for r in rows
     ]

@@ -5,7 +5,9 @@ on the examples the previous ones left correctly classified. :func:`trace_compon
 component object of one ``pyautoattack.AutoAttack`` (its public ``perturb``, per instance) so that
 the examples a component fools are recorded; :func:`recording` collects those records per eps for
 the caller (``benchmark``), which turns them into row fields (:func:`component_fields`): the
-survivors after each component and, per component, the examples it decided. A gradient-free Square
+survivors after each component and, per component, the examples it decided, its wall time and the
+model forwards it made; and the seed and examples of each AutoAttack call, so that a row can be
+replayed with pyautoattack alone (:mod:`.autoattack_replay`). A gradient-free Square
 that still fools examples after the gradient attacks is one of AutoAttack's own warning signs
 (``checks.check_square_sr``).
 """
