@@ -30,9 +30,9 @@ from _reliability import TINY
 from torch import Tensor, nn
 
 from robustbench_nacl.attack import base as attacks
+from robustbench_nacl.attack.rng import derive_seed
 from robustbench_nacl.attack.suites import load_suite
 from robustbench_nacl.errors import SanityError, UserError
-from robustbench_nacl.attack.rng import derive_seed
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig, ProbedClassifier
 from robustbench_nacl.eval.sanity import noise_accuracy
