@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import log
+from common import interleaved, log, median, paired_ratios
 from torch import nn
 
 
@@ -102,7 +102,7 @@ def _batches(data: Any, bs: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x[i : i + bs], data.y[i : i + bs]) for i in range(0, len(x), bs)]
 
 
-def _case(name: str, kind: str, n: int, steps: int) -> dict[str, Any]:
+def _case(name: str, kind: str, n: int, steps: int, reps: int) -> dict[str, Any]:
     from robustbench_nacl.attack.pgd import pgd
     from robustbench_nacl.eval import finetune as ft
     from robustbench_nacl.eval.probe import fit_linear_probe
@@ -119,18 +119,35 @@ def _case(name: str, kind: str, n: int, steps: int) -> dict[str, Any]:
     )
     log(f"finetune_cost {name}: SLF")
     slf_s = _timed(lambda: fit_linear_probe(copy.deepcopy(enc), data, data))
-    log(f"finetune_cost {name}: ALF epoch")
-    alf_s = _timed(lambda: ft.train_alf_head(copy.deepcopy(enc), data, alf, seed=0))
-    log(f"finetune_cost {name}: AFF epoch")
     head = ft.init_head(enc.feature_dim, data.num_classes, 0)
-    aff_s = _timed(lambda: ft.train_aff(enc, head, data, aff, seed=0))
     frozen = nn.Sequential(copy.deepcopy(enc), copy.deepcopy(head)).eval()
     frozen[0].requires_grad_(False)
-    log(f"finetune_cost {name}: pure compute")
-    pure_alf = _pure(frozen, _batches(data, alf.batch_size), steps + 1)
     trainable = nn.Sequential(copy.deepcopy(enc), copy.deepcopy(head))
-    pure_aff = _pure(trainable, _batches(data, aff.batch_size), steps + 1)
-    pure_trades = _pure_trades(trainable, _batches(data, aff.batch_size), steps)
+    alf_batches, aff_batches = _batches(data, alf.batch_size), _batches(data, aff.batch_size)
+    # each epoch beside the pure compute of its passes, interleaved (A B, B A, ...): a load drift on
+    # the shared machine falls on both, and the figure is the median of the per-round ratios
+    log(f"finetune_cost {name}: ALF epoch vs its passes, {reps} rounds")
+    alf_t = interleaved(
+        {
+            "epoch": lambda: ft.train_alf_head(copy.deepcopy(enc), data, alf, seed=0),
+            "pure": lambda: _pure(frozen, alf_batches, steps + 1),
+        },
+        reps,
+        warmup=0,
+    )
+    log(f"finetune_cost {name}: AFF epoch vs its passes, {reps} rounds")
+    aff_t = interleaved(
+        {
+            "epoch": lambda: ft.train_aff(enc, head, data, aff, seed=0),
+            "trades": lambda: _pure_trades(trainable, aff_batches, steps),
+            "steps_plus_1": lambda: _pure(trainable, aff_batches, steps + 1),
+        },
+        reps,
+        warmup=0,
+    )
+    alf_s, aff_s = median(alf_t["epoch"]), median(aff_t["epoch"])
+    pure = {"alf": median(alf_t["pure"]), "aff": median(aff_t["steps_plus_1"])}
+    pure["trades"] = median(aff_t["trades"])
     classifier = frozen
     x, y = data.x.float().div(255), data.y
     log(f"finetune_cost {name}: paper PGD")
@@ -148,26 +165,37 @@ def _case(name: str, kind: str, n: int, steps: int) -> dict[str, Any]:
         "aff_epoch_s": round(aff_s, 2),
         "alf_over_slf_25_epochs": round(25 * alf_s / slf_s, 1),
         "aff_over_slf_25_epochs": round(25 * aff_s / slf_s, 1),
-        "alf_epoch_over_pure": round(alf_s / pure_alf, 3),
-        "aff_epoch_over_pure_steps_plus_1": round(aff_s / pure_aff, 3),
-        "aff_epoch_over_pure_trades_passes": round(aff_s / pure_trades, 3),
+        "alf_epoch_over_pure": round(median(paired_ratios(alf_t, "epoch", "pure")), 3),
+        "aff_epoch_over_pure_trades_passes": round(median(paired_ratios(aff_t, "epoch", "trades")), 3),
+        "aff_epoch_over_pure_steps_plus_1": round(median(paired_ratios(aff_t, "epoch", "steps_plus_1")), 3),
+        "rounds": reps,
+        "paired_ratios": {
+            "alf": paired_ratios(alf_t, "epoch", "pure"),
+            "aff_trades": paired_ratios(aff_t, "epoch", "trades"),
+        },
         "paper_pgd_over_pure": round(pgd_s / pure_pgd, 3),
         "paper_pgd_attacked": int(correct.sum()),
-        "pure_s": {"alf": round(pure_alf, 2), "aff": round(pure_aff, 2), "pgd": round(pure_pgd, 2)},
+        "pure_s": {**{k: round(v, 2) for k, v in pure.items()}, "pgd": round(pure_pgd, 2)},
     }
 
 
 def run(args: Any) -> dict[str, Any]:
     """Both encoders; the value is the worst ALF/AFF epoch-over-pure ratio."""
     cases = {
-        "convnet_small_digits": _case("convnet_small", "digits", 256 if args.quick else 1024, 10),
-        "resnet18_cifar_32px": _case("resnet18_cifar", "cifar-shape", 64 if args.quick else 128, 10),
+        "convnet_small_digits": _case("convnet_small", "digits", 256 if args.quick else 1024, 10, 5),
+        "resnet18_cifar_32px": _case("resnet18_cifar", "cifar-shape", 64 if args.quick else 128, 10, 3),
     }
-    worst = max(max(c["alf_epoch_over_pure"], c["aff_epoch_over_pure_steps_plus_1"]) for c in cases.values())
+    # an AFF epoch's own passes are TRADES' (a clean target forward, the inner steps, two train-mode
+    # forwards and one backward: more than steps + 1 by construction), so that is its denominator;
+    # the steps + 1 ratio stays in the cases for comparison with the ALF epoch
+    worst = max(max(c["alf_epoch_over_pure"], c["aff_epoch_over_pure_trades_passes"]) for c in cases.values())
     return {
         "figure": "finetune_cost",
         "value": worst,
-        "unit": "x: ALF/AFF epoch time / pure compute of steps+1 forward/backward passes (max over encoders)",
+        "unit": (
+            "x: ALF epoch / pure compute of its steps+1 passes, AFF epoch / pure compute of its TRADES "
+            "passes (median of interleaved rounds, max over encoders)"
+        ),
         "target": "<= 1.2",
         "met": worst <= 1.2,
         "config": {"cases": cases, "threads": args.threads, "precision": "fp32"},
