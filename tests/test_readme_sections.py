@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from robustbench_nacl.errors import UserError
-from robustbench_nacl.report import claims, readme, targets
+from robustbench_nacl.report import claims, headroom, readme
 from robustbench_nacl.report.aggregate import CONTROL_LABEL
 from robustbench_nacl.report.compare import main_compare
 from robustbench_nacl.results.rows import load_rows
@@ -106,8 +106,8 @@ def test_regenerate_rewrites_every_marked_section_and_leaves_the_prose(tmp_path:
     robust = claims.reading(json.loads(claims.main_claims([board], "robust-ssl", output="json")))
     begin, end = claims.markers("robust-ssl")
     assert f"{begin}\n{robust}{end}" in out
-    t = targets.targets_markdown(targets.targets(targets.read_manifests(manifests), load_rows(board)))
-    assert f"{targets.BEGIN}\n{t}{targets.END}" in out and "+15.0" in t  # 0.60 -> 0.75 kNN
+    h = headroom.headroom_markdown(headroom.headroom(headroom.read_manifests(manifests), load_rows(board)))
+    assert f"{headroom.BEGIN}\n{h}{headroom.END}" in out and "(+15.0)" in h  # 0.60 -> 0.75 kNN
     assert readme.regenerate(board, manifests) == out  # made again: the same text
     # a README without one of the sections is a one-line error, and nothing is written
     (board / "README.md").write_text(text.replace(readme.BESIDE[0], ""))

@@ -81,7 +81,7 @@ def round6(x: float | None) -> float | None:
 
 def splice(text: str, section: str, begin: str, end: str) -> str:
     """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``section`` (a
-    generated section of a hand-written page: the claims' reading, the reference's targets)."""
+    generated section of a hand-written page: the claims' reading, the reference's headroom)."""
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise UserError(f"expected one {begin} ... {end} pair")
     head, rest = text.split(begin)

@@ -3,8 +3,10 @@ by hand (docs/decisions.md, "Reference leaderboard"):
 
 - ``claims`` and ``claims:robust-ssl``: the readings of the two shipped claims files
   (:func:`.claims.reading` of ``compare --claims NAME --json``);
-- ``targets``: the training targets, from the checkpoints' manifests and the rows, and what the
-  pilot's learning curves (``BOARD/pilot/*/log.jsonl``, when there) gained (:mod:`.targets`);
+- ``headroom``: each family's SLF in-domain clean and AutoAttack accuracy between the random-init
+  control (0 %) and the supervised baseline (100 %), from the rows and the checkpoints' manifests,
+  and what the pilot's learning curves (``BOARD/pilot/*/log.jsonl``, when there) gained
+  (:mod:`.headroom`);
 - ``beside``: beside the claims, the families with the highest and lowest difference to SimCLR in
   the main tables, from ``compare --baseline simclr --json`` (:func:`beside`);
 - ``cost``: what each stage cost in core-seconds, from the manifests' and the rows' own timings
@@ -205,11 +207,11 @@ def _claims(name: str) -> Callable[[Path, Path], str]:
     return make
 
 
-def _targets(board: Path, manifests: Path) -> str:
+def _headroom(board: Path, manifests: Path) -> str:
     from ..results.rows import load_rows
-    from .targets import pilot_markdown, read_manifests, targets, targets_markdown
+    from .headroom import headroom, headroom_markdown, pilot_markdown, read_manifests
 
-    text = targets_markdown(targets(read_manifests(manifests), load_rows(board)))
+    text = headroom_markdown(headroom(read_manifests(manifests), load_rows(board)))
     # the pilot runs that chose the budget say what more training of this encoder would give
     return text + ("\n" + pilot_markdown(board / "pilot") if (board / "pilot").is_dir() else "")
 
@@ -222,19 +224,19 @@ def _beside(board: Path, manifests: Path) -> str:
 
 def _cost(board: Path, manifests: Path) -> str:
     from ..results.rows import load_rows
-    from .targets import read_manifests
+    from .headroom import read_manifests
 
     return cost(read_manifests(manifests), load_rows(board))
 
 
 def sections() -> dict[tuple[str, str], Callable[[Path, Path], str]]:
     """(begin marker, end marker) -> the function making that section from (board, manifests)."""
-    from . import claims, targets
+    from . import claims, headroom
 
     return {
         claims.markers("nacl"): _claims("nacl"),
         claims.markers("robust-ssl"): _claims("robust-ssl"),
-        (targets.BEGIN, targets.END): _targets,
+        (headroom.BEGIN, headroom.END): _headroom,
         BESIDE: _beside,
         COST: _cost,
     }
