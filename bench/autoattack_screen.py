@@ -11,7 +11,8 @@ in ``autoattack_replay.py``), the same 500 Fashion-MNIST test images, AutoAttack
 (this machine's screening wall beside the row's standard ``wall_s``, measured on the reference
 machine: a different machine and load, so read that ratio as rough). One JSON line per encoder on
 stdout and appended to ``--out`` as it lands. Without names: seed 0 of every family and the control
-(``--all``: all 63 reference encoders).
+(``--all``: all 63 reference encoders). ``--table FILE`` prints the markdown table and the summary
+figures of bench/README.md's screening section from such a file instead (no attack runs).
 """
 
 from __future__ import annotations
@@ -89,6 +90,49 @@ def screen_one(name: str, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _short(encoder: str) -> str:
+    return encoder.removeprefix("convnet_small.").replace("_fashion-mnist-0-4", "")
+
+
+def table(lines: list[dict[str, Any]]) -> str:
+    """bench/README.md's screening table and its summary figures, from the JSON lines."""
+    out = [
+        "| encoder | standard robust (row) | screening robust | difference (points) | examples that differ "
+        "| APGD survivors (standard / screening) | late finds in standard | sample | screening found | flag "
+        "| screening wall | standard row wall (reference machine) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d in lines:
+        out.append(
+            f"| {_short(d['encoder'])} | {d['standard_robust']} | {d['screen_robust']} | "
+            f"{d['robust_acc_diff_points']:+.1f} | {d['examples_differ']} | "
+            f"{d['standard_after_apgd_t']} / {d['screen_after_apgd_t']} | {d['standard_late_finds']} | "
+            f"{d['screen_sample_size']} of {d['screen_survivors']} | {d['screen_found']} | "
+            f"{'**fired**' if d['flag_fired'] else '–'} | {d['screen_wall_s']:.0f} s | "
+            f"{d['standard_row_wall_s_reference_machine']:.0f} s |"
+        )
+    diffs = [abs(d["robust_acc_diff_points"]) for d in lines]
+    sampled = sum(d["screen_sample_size"] < d["screen_survivors"] for d in lines)
+    late = [d for d in lines if d["standard_late_finds"] > 0]
+    mine = sum(d["screen_wall_s"] for d in lines)
+    theirs = sum(d["standard_row_wall_s_reference_machine"] for d in lines)
+    out += [
+        "",
+        f"- encoders: {len(lines)}; largest robust-accuracy difference {max(diffs):.1f} points, "
+        f"mean absolute "
+        f"{sum(diffs) / len(diffs):.2f}; examples that differ per encoder: "
+        f"{min(d['examples_differ'] for d in lines)}-{max(d['examples_differ'] for d in lines)} of "
+        f"{lines[0]['n_examples']}",
+        f"- flags fired: {sum(d['flag_fired'] for d in lines)} of {len(lines)}; encoders where standard's "
+        f"FAB-T or Square found an example APGD missed: {len(late)} "
+        f"({', '.join(_short(d['encoder']) for d in late) or 'none'})",
+        f"- sample smaller than the survivors: {sampled} of {len(lines)} encoders; screening wall here "
+        f"{mine:,.0f} s against the rows' standard wall {theirs:,.0f} s on the reference machine "
+        f"({theirs / mine:.1f}x, different machine and load)",
+    ]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Screen the encoders one after the other, writing each line as it lands."""
     from robustbench_nacl.data import load_dataset
@@ -97,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*")
     p.add_argument("--all", action="store_true", help="all 63 reference encoders (3 seeds)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--table", type=Path, default=None, help="print the README table of this file")
     args = p.parse_args(argv)
+    if args.table:
+        print(table([json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]))
+        return 0
     torch.set_num_threads(1)
     data: dict[str, Any] = {"test": load_dataset("fashion-mnist:0-4", "test")}
     for name in args.names or _names(args.all):
