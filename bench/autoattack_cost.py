@@ -89,8 +89,14 @@ def _published(family: str, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tens
 
     from robustbench_nacl.data import load_dataset
 
-    model, row = published(f"convnet_small.{family}_fashion-mnist-0-4_s0")
     test = load_dataset("fashion-mnist:0-4", "test")
+    if family == "control":  # the random-init control of seed 0, its probe fitted again
+        from autoattack_replay import _control
+
+        train = load_dataset("fashion-mnist:0-4", "train")
+        model, row = _control("convnet_small.acl_fashion-mnist-0-4_s0", (train, test))
+    else:
+        model, row = published(f"convnet_small.{family}_fashion-mnist-0-4_s0")
     return model.eval(), test.x[:n].float().div(255), test.y[:n].long(), row
 
 
@@ -211,7 +217,8 @@ def run(args: Any) -> dict[str, Any]:
     quick = getattr(args, "quick", False)
     n_fm, n_resnet = (24, 4) if quick else (500, 8)
     cases: dict[str, Any] = {}
-    for family in ("simclr",) if quick else ("simclr", "acl"):
+    families = getattr(args, "aa_encoders", "simclr,acl").split(",")
+    for family in families[:1] if quick else families:
         print(f"autoattack_cost: {family}", file=sys.stderr, flush=True)
         cases[family] = _land(family, _case(*_published(family, n_fm), eps=0.032))
     if not quick:

@@ -46,11 +46,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--eval-n", type=int, default=10_000, help="peak_rss_mb: images of the resnet18 evaluation"
     )
+    p.add_argument(
+        "--aa-encoders",
+        default="simclr,acl",
+        help="autoattack_cost: the published seed-0 encoders to attack, comma-separated families "
+        "(control: the random-init control), e.g. simclr,acl,dynacl,intcl,control",
+    )
     return p.parse_args(argv)
 
 
 def _forward_args(args: argparse.Namespace) -> list[str]:
-    out = ["--threads", str(args.threads), "--eval-n", str(args.eval_n)]
+    out = ["--threads", str(args.threads), "--eval-n", str(args.eval_n), "--aa-encoders", args.aa_encoders]
     for flag, value in (("--reps", args.reps), ("--reps-resnet", args.reps_resnet)):
         if value is not None:
             out += [flag, str(value)]
