@@ -40,6 +40,7 @@ from ..attack.autoattack import square_new_finds
 from ..attack.pgd import pgd
 from ..attack.threat import check_perturbation
 from ..errors import SanityError, UserError
+from ..results.rows import PROBE_UNDERFIT_GAP
 from ..utils import ieee_fp32
 
 #: Every flag a row can carry, with what it means when it fires (``sanity_<name>`` is False).
@@ -64,9 +65,6 @@ TOL_EXAMPLES = 2
 UNBOUNDED_MAX_ACC = 0.05
 # AutoAttack's check_square_sr threshold: Square may lower robust accuracy by this fraction.
 SQUARE_ALPHA = 0.002
-# probe_underfit fires when the probe's train accuracy is more than this below the kNN accuracy on
-# the same features (docs/decisions.md, 'Sanity checks'): about 3 seed-to-seed SDs of the reference.
-PROBE_UNDERFIT_GAP = 0.10
 
 
 def _head(x: Tensor, n: int) -> Tensor:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..eval.sanity import PROBE_UNDERFIT_GAP
+from ..results.rows import PROBE_UNDERFIT_GAP
 from .fmt import MISSING, fmt_diff, fmt_points, pct
 from .fmt import splice as splice_between
 from .metrics import n_examples

@@ -36,6 +36,10 @@ ROWS_DIR = "rows"
 ROW_PACK = "rows.jsonl.gz"
 #: Version of the on-disk row layout; rows without recipe_id/protocol_id are format 1.
 ROW_FORMAT = 2
+# probe_underfit fires when the probe's train accuracy is more than this below the kNN accuracy on
+# the same features (docs/decisions.md, 'Sanity checks'): about 3 seed-to-seed SDs of the reference.
+# Here, not in eval/sanity.py, because the torch-free renderer reads rows against it too.
+PROBE_UNDERFIT_GAP = 0.10
 SETTINGS = ("in-domain", "transfer", "shift", "corruption")
 # Loss parameters shown as a recipe's "key parameters" (the ``key_params`` display column) when they
 # differ from SimCLR's defaults. Display only: recipes are told apart by recipe_id.
