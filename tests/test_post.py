@@ -291,6 +291,9 @@ def test_the_command_runs_and_refuses_bad_input_in_one_line(
     rc, _, err = cli(["post", str(simclr), "--out", str(tmp_path / "x")], capsys)
     one_line_error(rc, err, "no dual BatchNorm", command="post")
     rc, _, err = cli(["post", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")], capsys)
+    one_line_error(rc, err, "no such checkpoint directory", command="post")
+    (tmp_path / "empty").mkdir()  # a folder that is not a checkpoint
+    rc, _, err = cli(["post", str(tmp_path / "empty"), "--out", str(tmp_path / "y")], capsys)
     one_line_error(rc, err, "written by `train`", command="post")
     foreign = tmp_path / "foreign.pt"
     torch.save({"conv1.weight": torch.zeros(8, 1, 3, 3)}, foreign)

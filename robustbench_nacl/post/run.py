@@ -109,6 +109,8 @@ def _parent_data(train: ImageData, parent: dict[str, Any]) -> ImageData:
 def _parent_manifest(checkpoint: str | Path) -> Path:
     """The parent's manifest: of a directory, of its manifest.json, or beside its weights file."""
     p = Path(checkpoint)
+    if not p.exists():  # say so, rather than read a typo as a foreign weights file
+        raise UserError(f"{checkpoint}: no such checkpoint directory; give the --out folder of a `train` run")
     try:
         if p.is_file() and p.name != MANIFEST:
             sibling = sibling_manifest(p)
