@@ -36,7 +36,40 @@ def _momentum_buffer(state: dict[str, Any], d: torch.Tensor, momentum: float) ->
     return buf
 
 
-class Lars(Optimizer):
+class _PerParameter(Optimizer):
+    """The loop every LARS variant shares: the closure, then :meth:`_update` of each parameter that
+    has a gradient (a momentum encoder's frozen weights have none)."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """One update of every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group)
+        return loss
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class _SgdOverLars(_PerParameter):
+    """A LARS wrapper over torch SGD: :meth:`_direction` replaces the gradient, then SGD with
+    momentum (dampening 0) steps: ``buf = m * buf + d``, ``w -= lr * buf``."""
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        d = self._direction(p, group)
+        p.add_(_momentum_buffer(self.state[p], d, group["momentum"]), alpha=-group["lr"])
+
+    def _direction(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Lars(_PerParameter):
     """ACL/DynACL LARS: ``local = eta * |w| / (|g| + wd * |w|)`` (1 where a norm is below 1e-15),
     ``buf = m * buf + lr * local * (g + wd * w)``, ``w -= buf``; no parameter is excluded."""
 
@@ -50,32 +83,21 @@ class Lars(Optimizer):
     ) -> None:
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, m, wd, eta = group["lr"], group["momentum"], group["weight_decay"], group["eta"]
-            for p in group["params"]:
-                if p.grad is None:  # e.g. a momentum encoder's frozen weights
-                    continue
-                g = p.grad
-                w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
-                local = eta * w_norm / (g_norm + wd * w_norm)
-                # the authors' guard: a zero weight (a fresh zero bias) or gradient steps with ratio 1
-                local = torch.where((w_norm < 1e-15) | (g_norm < 1e-15), torch.ones_like(local), local)
-                buf = self.state[p].get("momentum_buffer")
-                if buf is None:  # a zero buffer times m: the first step is lr * local * (g + wd * w)
-                    buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p)
-                buf.mul_(m).add_((local * lr) * (g + wd * p))
-                p.sub_(buf)
-        return loss
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        lr, m, wd, eta = group["lr"], group["momentum"], group["weight_decay"], group["eta"]
+        g = p.grad
+        w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
+        local = eta * w_norm / (g_norm + wd * w_norm)
+        # the authors' guard: a zero weight (a fresh zero bias) or gradient steps with ratio 1
+        local = torch.where((w_norm < 1e-15) | (g_norm < 1e-15), torch.ones_like(local), local)
+        buf = self.state[p].get("momentum_buffer")
+        if buf is None:  # a zero buffer times m: the first step is lr * local * (g + wd * w)
+            buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        buf.mul_(m).add_((local * lr) * (g + wd * p))
+        p.sub_(buf)
 
 
-class TorchLars(Optimizer):
+class TorchLars(_SgdOverLars):
     """torchlars over SGD: ``d = trust * (g + wd * w)`` with ``trust = eta * |w| / (|g| + wd * |w| + eps)``
     (1 where a norm is 0), then SGD with momentum: ``buf = m * buf + d``, ``w -= lr * buf``."""
 
@@ -91,28 +113,16 @@ class TorchLars(Optimizer):
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta, "eps": eps}
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(p.grad)
-                trust = w_norm / (g_norm + wd * w_norm + group["eps"]) * group["eta"]
-                trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
-                # torchlars adds the weight decay whatever the trust ratio, then scales the sum
-                d = (p.grad + wd * p) * trust
-                p.add_(_momentum_buffer(self.state[p], d, m), alpha=-lr)
-        return loss
+    def _direction(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        wd = group["weight_decay"]
+        w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(p.grad)
+        trust = w_norm / (g_norm + wd * w_norm + group["eps"]) * group["eta"]
+        trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
+        # torchlars adds the weight decay whatever the trust ratio, then scales the sum
+        return (p.grad + wd * p) * trust
 
 
-class SoloLars(Optimizer):
+class SoloLars(_SgdOverLars):
     """solo-learn's LARSWrapper over SGD: for an adapted parameter with nonzero norms,
     ``d = r * (g + wd * w)`` with ``r = eta * |w| / (|g| + wd * |w| + eps)`` (``min(r / lr, 1)`` with
     ``clip``); otherwise ``d = g`` (no weight decay either); then SGD with momentum."""
@@ -139,24 +149,11 @@ class SoloLars(Optimizer):
         }
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                d = p.grad
-                # solo-learn tells biases and normalisation parameters by their dimension (1-d)
-                if not (group["exclude_bias_n_norm"] and p.ndim == 1):
-                    d = self._adapted(p, d, group, lr, wd)
-                p.add_(_momentum_buffer(self.state[p], d, m), alpha=-lr)
-        return loss
+    def _direction(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        # solo-learn tells biases and normalisation parameters by their dimension (1-d)
+        if group["exclude_bias_n_norm"] and p.ndim == 1:
+            return p.grad
+        return self._adapted(p, p.grad, group, group["lr"], group["weight_decay"])
 
     @staticmethod
     def _adapted(
