@@ -6,8 +6,10 @@ names an encoder registered by this file: the same weights under a different ``f
 batch statistics, an ``eval()`` that does not reach a submodule, input quantisation, a collapsed
 output, a quantising defence that engages above a noise threshold). A weak attack configuration
 on the sound checkpoint covers the cross-row flags, and a linear probe stopped early (the paper's
-lr for 100 epochs) covers ``probe_underfit``. The sound checkpoint under the same suites is
-the control: it raises no flag, so each firing flag is caused by what its variant breaks.
+lr for 100 epochs) covers ``probe_underfit``; under ALF, the collapsed encoder covers
+``finetune_above_chance`` and a one-step ALF head ``alf_underfit``. The sound checkpoint under the
+same suites (and a fitted ALF head) is the control: it raises no flag, so each firing flag is
+caused by what its variant breaks.
 """
 
 from __future__ import annotations

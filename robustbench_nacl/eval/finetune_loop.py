@@ -1,6 +1,6 @@
 """The epoch loop every finetuning protocol trains with (eval/finetune.py): SGD with momentum and a
 MultiStepLR schedule, per-epoch randomness from one seeded generator, a resumable state saved after
-each epoch, and the training-image augmentation a recipe asks for.
+each epoch (or every ``Run.save_every``), and the training-image augmentation a recipe asks for.
 
 Why one generator per epoch: every random number of epoch ``e`` (batch order, crops and flips,
 attack starts) comes from a CPU generator seeded by ``(seed, protocol, e)``, so a run killed after

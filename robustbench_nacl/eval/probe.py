@@ -54,7 +54,8 @@ class ProbeConfig:
     Every field is recorded in each result row (``probe_config``, :meth:`as_dict`: ``standardize``
     only when set) and, except ``seed``, is part of the row's protocol: rows measured with different
     probe settings are never ranked together. ``standardize`` applies to SLF's probe; ALF and AFF
-    train their own heads (docs/decisions.md, 'Linear probe').
+    train their own heads (docs/decisions.md, 'Linear probe'; a fitted ALF head standardises its
+    features the same way, ``AlfConfig.fit``).
     """
 
     epochs: int = 1000  # probe training epochs on the cached features
