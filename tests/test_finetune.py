@@ -79,7 +79,8 @@ def _head(dim: int, classes: int, seed: int) -> nn.Linear:
 
 def test_alf_head_equals_a_hand_written_pgd_at_loop() -> None:
     train, seed = _train(48), 3
-    cfg = AlfConfig(epochs=2, batch_size=16, steps=3, eps=0.1, milestones="1", lr=0.05)
+    # the recipe as configured (fit off: raw features, its epochs); tests/test_alf_fit.py: the fit
+    cfg = AlfConfig(epochs=2, batch_size=16, steps=3, eps=0.1, milestones="1", lr=0.05, fit="off")
     enc = _encoder()
     before = {k: v.clone() for k, v in enc.state_dict().items()}
     got = ft.train_alf_head(enc, train, cfg, seed=seed)
@@ -169,11 +170,13 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
     probe = ProbeConfig(epochs=3, max_train=40)
     kw = dict(dataset="digits:0-4", suite=SUITE, n_examples=12, probe=probe, progress=False)
     small = dict(epochs=1, batch_size=20, steps=1)
+    # ALF fitted (the default) keeps the recipe's steps: at batch 4000, 13 (one-batch epochs here)
+    alf_small = dict(small, batch_size=4000)
     rows = evaluate(
         _encoder(),
         out=tmp_path / "all",
         protocol="slf,alf,aff",
-        alf=AlfConfig(**small),
+        alf=AlfConfig(**alf_small),
         aff=AffConfig(**small),
         **kw,
     )
@@ -186,7 +189,9 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
     aff_sha = by["aff"][0]["finetuned_sha256"]
     assert (tmp_path / "all" / ft.WEIGHTS_DIR / f"{aff_sha}.safetensors").is_file()
     # another ALF setting is another protocol
-    other = evaluate(_encoder(), out=tmp_path / "all", protocol="alf", alf=AlfConfig(**small, eps=0.05), **kw)
+    other = evaluate(
+        _encoder(), out=tmp_path / "all", protocol="alf", alf=AlfConfig(**alf_small, eps=0.05), **kw
+    )
     assert other[0]["protocol_id"] != by["alf"][0]["protocol_id"]
     # the leaderboard: one table per protocol, plus SLF / ALF / AFF side by side and their figure
     files = render_leaderboard(list(rows), tmp_path / "board")
@@ -203,7 +208,7 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
     slf_page = render_leaderboard(list(slf_only), tmp_path / "board-slf")["LEADERBOARD.md"].read_text()
     assert "side by side" not in slf_page and not (tmp_path / "board-slf" / protocols.FIGURE).exists()
     # compare: per protocol (the other family's SLF and ALF rows each against Sequential's, never across)
-    kw2 = dict(protocol="slf,alf", alf=AlfConfig(**small), name="other", **kw)
+    kw2 = dict(protocol="slf,alf", alf=AlfConfig(**alf_small), name="other", **kw)
     more = [*rows, *evaluate(_encoder(1), out=tmp_path / "all", **kw2)]
     result = compare(more, "Sequential")
     assert {c.protocol_id for c in result.comparisons} == {
@@ -216,7 +221,7 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
         _encoder(),
         out=tmp_path / "all",
         protocol="aff,alf,slf",
-        alf=AlfConfig(**small),
+        alf=AlfConfig(**alf_small),
         aff=AffConfig(**small),
         **kw,
     )
@@ -294,7 +299,7 @@ def test_setting_kinds_run_their_own_suites_and_finetuning_only_where_asked(tmp_
         n_examples=10,
         probe=ProbeConfig(epochs=2, max_train=40),
         protocol="slf,alf",
-        alf=AlfConfig(epochs=1, batch_size=16, steps=1, max_train=32),
+        alf=AlfConfig(epochs=1, batch_size=4000, steps=1, max_train=32),  # fitted: 13 steps
         finetune_settings="in-domain,corruption",
     )
     rows = evaluate(_encoder(), out=tmp_path, progress=False, **kw)

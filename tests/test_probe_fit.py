@@ -22,7 +22,7 @@ from robustbench_nacl.data import load_dataset, parse_spec
 from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig, fit_linear_probe, fold_standardization
-from robustbench_nacl.eval.sanity import PROBE_UNDERFIT_GAP, add_flags, check_probe_fit
+from robustbench_nacl.eval.sanity import PROBE_UNDERFIT_GAP, add_flags, check_alf_fit, check_probe_fit
 from robustbench_nacl.eval.settings import IdentityFields, Setting
 from robustbench_nacl.models.features import feature_scaler
 from robustbench_nacl.results.finetune import AlfConfig
@@ -170,18 +170,29 @@ def test_the_cli_flag_sets_it() -> None:
 
 def test_the_flag_applies_to_slf_rows_only() -> None:
     """ALF trains its head on adversarial examples: its clean train accuracy sits below clean kNN by
-    design, so ``probe_underfit`` is None there; SLF rows carry it (True or False), with the numbers."""
+    design, so ``probe_underfit`` is None there; SLF rows carry it (True or False), with the numbers.
+    The checks of a finetuned head (``alf_underfit``, ``finetune_above_chance``) are the other way
+    round: on ALF rows, with the SLF reference they compare against, and None on SLF rows."""
     torch.manual_seed(0)
     enc = nn.Sequential(
         Normalize(0.3, 0.4), nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten()
     )
     kw = dict(dataset="digits:0-4", suite=SUITE, n_examples=12, probe=ProbeConfig(epochs=3, max_train=60))
     rows = evaluate(
-        enc, protocol="slf,alf", alf=AlfConfig(epochs=1, batch_size=20, steps=1), progress=False, **kw
+        enc, protocol="slf,alf", alf=AlfConfig(epochs=1, batch_size=4000, steps=1), progress=False, **kw
     )
     by = {p: [r for r in rows if protocol_name(r) == p] for p in ("slf", "alf")}
     assert by["slf"] and by["alf"]
     assert all(r["sanity_probe_underfit"] is None for r in by["alf"])
+    for r in by["alf"]:
+        assert r["sanity_alf_underfit"] is check_alf_fit(r["probe_train_acc"], r["slf_train_acc"])
+        assert r["sanity_alf_underfit"] in (True, False) and r["sanity_finetune_above_chance"] in (
+            True,
+            False,
+        )
+    assert all(r.get("sanity_alf_underfit") is None for r in by["slf"])
+    assert all(r.get("sanity_finetune_above_chance") is None for r in by["slf"])
+    assert all("slf_train_acc" not in r for r in by["slf"])
     for r in by["slf"]:
         assert r["sanity_probe_underfit"] is check_probe_fit(r["probe_train_acc"], r["knn_acc"])
         assert r["sanity_probe_underfit"] in (True, False)

@@ -6,8 +6,10 @@ names an encoder registered by this file: the same weights under a different ``f
 batch statistics, an ``eval()`` that does not reach a submodule, input quantisation, a collapsed
 output, a quantising defence that engages above a noise threshold). A weak attack configuration
 on the sound checkpoint covers the cross-row flags, and a linear probe stopped early (the paper's
-lr for 100 epochs) covers ``probe_underfit``. The sound checkpoint under the same suites is
-the control: it raises no flag, so each firing flag is caused by what its variant breaks.
+lr for 100 epochs) covers ``probe_underfit``; under ALF, the collapsed encoder covers
+``finetune_above_chance`` and a one-step ALF head ``alf_underfit``. The sound checkpoint under the
+same suites (and a fitted ALF head) is the control: it raises no flag, so each firing flag is
+caused by what its variant breaks.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from torch import Tensor, nn
 
 from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
-from robustbench_nacl.eval.sanity import FLAGS
+from robustbench_nacl.eval.sanity import ALF_UNDERFIT_GAP, FLAGS
 from robustbench_nacl.models.encoders import ENCODERS, Encoder
+from robustbench_nacl.results.finetune import AlfConfig
 from robustbench_nacl.training import train
 
 QUICK = {"n_examples": 180, "progress": False}
@@ -157,11 +160,23 @@ CASES: dict[str, tuple[str, str, str]] = {
     "square_adds_nothing": ("quantising", "aa", f"autoattack@{AA_EPS}"),
     "screen_found_nothing": ("quantising", "screen", f"autoattack@{AA_EPS}"),
     "probe_underfit": ("convnet_small", "strong", "all"),
+    "finetune_above_chance": ("collapsed", "strong", "all"),
+    "alf_underfit": ("convnet_small", "strong", "all"),
 }
 # the cases evaluated with another probe than "fitted"
 CASE_PROBE = {"probe_underfit": "short"}
-# flags that apply to AutoAttack rows only
+# ALF on 256 training images, a one-epoch recipe at batch 256 (two-step PGD): fitted, it keeps the
+# recipe's 196 SGD steps (one batch an epoch) on standardised features; as configured ("off"), it is
+# one SGD step, which leaves the head's clean train accuracy far below the SLF probe's
+ALFS = {
+    "fitted": AlfConfig(epochs=1, batch_size=256, steps=2, max_train=256),
+    "short": AlfConfig(epochs=1, batch_size=256, steps=2, max_train=256, fit="off"),
+}
+# the cases evaluated under ALF (their rows: the ALF rows alone), and with which ALF
+CASE_ALF = {"finetune_above_chance": "fitted", "alf_underfit": "short"}
+# flags that apply to AutoAttack rows only, and to finetuned (ALF) rows only
 AA_ONLY = {"square_adds_nothing", "screen_found_nothing"}
+FINETUNED_ONLY = {"finetune_above_chance", "alf_underfit"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -203,12 +218,13 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def evaluated(ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
-    """``(encoder, suite, probe) -> rows`` of ``evaluate``, each computed once for the module."""
-    cache: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    """``(encoder, suite, probe, alf) -> rows`` of ``evaluate``, each computed once for the module
+    (``alf``: an ``ALFS`` name, the rows of protocol ALF; None: SLF)."""
+    cache: dict[tuple[str, str, str, str | None], list[dict[str, Any]]] = {}
     root = tmp_path_factory.mktemp("variants")
 
-    def rows(encoder: str, suite: str, probe: str = "fitted") -> list[dict[str, Any]]:
-        if (encoder, suite, probe) not in cache:
+    def rows(encoder: str, suite: str, probe: str = "fitted", alf: str | None = None) -> list[dict[str, Any]]:
+        if (encoder, suite, probe, alf) not in cache:
             path = ckpt
             if encoder != TINY.encoder:
                 path = root / encoder
@@ -217,10 +233,11 @@ def evaluated(ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
                     manifest = json.loads((path / "manifest.json").read_text())
                     manifest["encoder"] = encoder
                     (path / "manifest.json").write_text(json.dumps(manifest))
-            out = root / f"rows-{encoder}-{suite}-{probe}"
-            rows = evaluate(path, suite=SUITES[suite], out=out, probe=PROBES[probe], **QUICK)
-            cache[(encoder, suite, probe)] = list(rows)
-        return cache[(encoder, suite, probe)]
+            out = root / f"rows-{encoder}-{suite}-{probe}-{alf}"
+            protocol = {} if alf is None else {"protocol": "alf", "alf": ALFS[alf]}
+            rows = evaluate(path, suite=SUITES[suite], out=out, probe=PROBES[probe], **protocol, **QUICK)
+            cache[(encoder, suite, probe, alf)] = list(rows)
+        return cache[(encoder, suite, probe, alf)]
 
     return rows
 
@@ -239,7 +256,22 @@ def test_the_sound_checkpoint_raises_no_flag(evaluated, suite: str) -> None:
     not_here = {"strong": {"monotone_in_eps"} | AA_ONLY, "sweep": AA_ONLY}
     # one eps, no single-step attack; not a screening run
     not_here["aa"] = {"monotone_in_eps", "le_single_step", "screen_found_nothing"}
-    assert applied == set(FLAGS) - not_here[suite]
+    assert applied == set(FLAGS) - not_here[suite] - FINETUNED_ONLY  # SLF: the cached-feature probe
+    assert all(r[f"sanity_{flag}"] is None for r in rows for flag in FINETUNED_ONLY)
+
+
+def test_the_sound_checkpoint_under_a_fitted_alf_head_raises_no_flag(evaluated) -> None:
+    """The control of the ALF cases: the same checkpoint and suite, ALF fitted, passes every check,
+    the two on its head included; the unfitted head fires ``alf_underfit`` on its train accuracy."""
+    rows = evaluated(TINY.encoder, "strong", alf="fitted")
+    assert rows and all(r["sanity_ok"] for r in rows), [(r["attack"], r["sanity_failed"]) for r in rows]
+    assert all(r["sanity_finetune_above_chance"] is True and r["sanity_alf_underfit"] is True for r in rows)
+    assert all(r["sanity_probe_underfit"] is None and r["finetune"]["fit"] == "fitted" for r in rows)
+    assert all(r["slf_train_acc"] - r["probe_train_acc"] <= ALF_UNDERFIT_GAP for r in rows)
+    short = evaluated(TINY.encoder, "strong", alf="short")
+    assert all(r["slf_train_acc"] - r["probe_train_acc"] > ALF_UNDERFIT_GAP for r in short)
+    assert short[0]["slf_train_acc"] == rows[0]["slf_train_acc"]  # one reference: the same probe, images
+    assert (short[0]["finetune_epochs"], rows[0]["finetune_epochs"]) == (1, 196)
 
 
 def test_square_finds_what_the_gradient_attacks_missed(evaluated) -> None:
@@ -254,7 +286,7 @@ def test_square_finds_what_the_gradient_attacks_missed(evaluated) -> None:
 @pytest.mark.parametrize("flag", sorted(CASES))
 def test_flag_fires_through_evaluate(evaluated, flag: str) -> None:
     encoder, suite, where = CASES[flag]
-    rows = evaluated(encoder, suite, CASE_PROBE.get(flag, "fitted"))
+    rows = evaluated(encoder, suite, CASE_PROBE.get(flag, "fitted"), CASE_ALF.get(flag))
     hit = [r for r in rows if where in ("all", f"{r['attack']}@{r['eps']}")]
     assert hit and all(r[f"sanity_{flag}"] is False for r in hit), [
         (r["attack"], r["eps"], r[f"sanity_{flag}"]) for r in rows

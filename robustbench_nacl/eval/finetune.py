@@ -34,19 +34,28 @@ from ..data import ImageData
 from ..errors import UserError
 from ..io import canonical_json, sha256_bytes, write_bytes_atomic
 from ..models.dual_bn import bn_route, has_dual_bn, set_bn_route
-from ..models.features import extract_features, knn_accuracy
+from ..models.features import extract_features, feature_scaler, knn_accuracy
 from ..results.finetune import (
+    ALF_FITS,
     PROTOCOLS,
     AffConfig,
     AlfConfig,
     FinetuneConfig,
     SlfConfig,
     dual_bn_on,
+    fitted_schedule,
     resolve_dual_bn,
     resolved_step,
 )
 from .finetune_loop import Run, run_epochs
-from .probe import ProbeConfig, ProbedClassifier, ProbeResult
+from .probe import (
+    ProbeConfig,
+    ProbedClassifier,
+    ProbeResult,
+    fit_head_on_features,
+    fold_standardization,
+    scaled,
+)
 
 STATE_DIR = "finetune-state"  # per-epoch resume states, under the evaluation's output folder
 WEIGHTS_DIR = "finetuned"  # AFF weights, content-addressed: finetuned/<sha256>.safetensors
@@ -226,14 +235,23 @@ def train_alf_head(
 
     ``head`` starts the training (default: ``cfg.head_init`` from ``seed``; it is copied, not
     modified). Per batch: ``cfg.steps`` PGD steps through encoder and current head, then one SGD
-    step on the mean cross-entropy of the head on the adversarial features. Returns the new head.
+    step on the mean cross-entropy of the head on the adversarial features. ``cfg.fit``
+    (:data:`ALF_FITS`) may lengthen the schedule (:func:`fitted_schedule`) and put a standardisation
+    of the clean training features before the head: the attack and the update then see
+    encoder -> standardise -> head, and the returned head has the standardisation folded in, so
+    that encoder -> head is the same function (the model the evaluation attacks). Returns the head.
     """
     cfg = cfg or AlfConfig()
     cfg.check()
     encoder.eval().requires_grad_(False)
     head = make_head(cfg, encoder, train, seed) if head is None else copy.deepcopy(head)
     head.requires_grad_(True)
-    attacked = _Frozen(encoder, head)
+    fit = ALF_FITS[cfg.fit]
+    # the SLF probe's standardisation (its statistics on the clean training features); one scaler
+    # for the whole run, recomputed identically on a resume
+    scaler = feature_scaler(extract_features(encoder, train.x, keep_device=True)) if fit.standardize else None
+    trained: nn.Module = head if scaler is None else nn.Sequential(_Standardize(*scaler), head)
+    attacked = _Frozen(encoder, trained)
     step_size = resolved_step(cfg)
 
     def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
@@ -242,13 +260,36 @@ def train_alf_head(
         )
         with torch.no_grad():
             f = encoder(x_adv)
-        F.cross_entropy(head(f), y).backward()
+        F.cross_entropy(trained(f), y).backward()
 
+    schedule = fitted_schedule(cfg, len(train))
     run = Run(
-        cfg, {"head": head}, list(head.parameters()), train.x, train.y, seed, _path(state_path), progress
+        schedule,
+        {"head": head},
+        list(head.parameters()),
+        train.x,
+        train.y,
+        seed,
+        _path(state_path),
+        progress,
+        save_every=max(1, schedule.epochs // cfg.epochs),  # about once per recipe epoch
     )
     run_epochs(run, step)
+    if scaler is not None:
+        fold_standardization(head, *scaler)
     return head.requires_grad_(False)
+
+
+class _Standardize(nn.Module):
+    """``(f - mean) / scale``: the probe's feature standardisation as a layer (constants)."""
+
+    def __init__(self, mean: Tensor, scale: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean.detach().clone())
+        self.register_buffer("scale", scale.detach().clone())
+
+    def forward(self, f: Tensor) -> Tensor:
+        return scaled(f, (self.mean, self.scale))
 
 
 def train_aff(
@@ -302,7 +343,7 @@ def train_aff(
 class _Frozen(nn.Module):
     """encoder -> head for generating attacks: eval mode, gradients only w.r.t. the input matter."""
 
-    def __init__(self, encoder: nn.Module, head: nn.Linear) -> None:
+    def __init__(self, encoder: nn.Module, head: nn.Module) -> None:
         super().__init__()
         self.encoder, self.head = encoder, head
 
@@ -369,7 +410,11 @@ def fit_protocol(
     fields: dict[str, Any] = {"finetune": cfg.identity()}
     if isinstance(cfg, AffConfig):
         fields["finetuned_sha256"] = save_weights(out, classifier)
-    return classifier, _metrics(classifier, train, test, probe, cfg), fields
+    metrics, reference = _metrics(classifier, train, test, probe, cfg)
+    if isinstance(cfg, AlfConfig):  # what the fitted schedule ran, and the underfit check's reference
+        fields["finetune_epochs"] = fitted_schedule(cfg, len(train)).epochs
+        fields["slf_train_acc"] = reference
+    return classifier, metrics, fields
 
 
 def _fit_slf(
@@ -401,8 +446,10 @@ _TRAINERS: dict[str, Callable[..., ProbedClassifier]] = {"slf": _fit_slf, "alf":
 
 def _metrics(
     classifier: ProbedClassifier, train: ImageData, test: ImageData, probe: ProbeConfig, cfg: FinetuneConfig
-) -> ProbeResult:
-    """Clean metrics of the finetuned classifier, in the fields SLF's probe reports."""
+) -> tuple[ProbeResult, float | None]:
+    """Clean metrics of the finetuned classifier, in the fields SLF's probe reports, and (ALF only)
+    the train accuracy of the SLF probe (``probe``'s settings) fitted on the same clean training
+    features: the reference of the ``alf_underfit`` check (eval/sanity.py)."""
     f_train = extract_features(classifier.encoder, train.x)  # on the CPU
     f_test = extract_features(classifier.encoder, test.x)
     w, b = (t.detach().cpu() for t in (classifier.head.weight, classifier.head.bias))
@@ -420,13 +467,26 @@ def _metrics(
         k=probe.knn_k,
         t=probe.knn_t,
     )
-    return ProbeResult(
+    result = ProbeResult(
         test_acc=test_acc,
         best_test_acc=test_acc,  # no selection over epochs: the last epoch is the model
-        best_epoch=cfg.epochs,
+        best_epoch=fitted_schedule(cfg, len(train)).epochs if isinstance(cfg, AlfConfig) else cfg.epochs,
         train_acc=acc(f_train, train.y),
         knn_acc=knn,
         n_train=len(train),
         n_test=len(test),
         config=probe.as_dict(),
     )
+    return result, _slf_train_acc(f_train, f_test, train, test, probe) if isinstance(cfg, AlfConfig) else None
+
+
+def _slf_train_acc(
+    f_train: Tensor, f_test: Tensor, train: ImageData, test: ImageData, probe: ProbeConfig
+) -> float:
+    """Train accuracy of the SLF probe (the run's probe settings, its seed) on cached clean features:
+    what a linear head reaches on these training images, seconds on cached features."""
+    if not len(f_train):
+        return float("nan")
+    head, _, _ = fit_head_on_features(f_train, train.y, f_test, test.y, train.num_classes, probe)
+    with torch.no_grad():
+        return float((head(f_train).argmax(1) == train.y).float().mean())

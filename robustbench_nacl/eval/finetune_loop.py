@@ -1,6 +1,6 @@
 """The epoch loop every finetuning protocol trains with (eval/finetune.py): SGD with momentum and a
 MultiStepLR schedule, per-epoch randomness from one seeded generator, a resumable state saved after
-each epoch, and the training-image augmentation a recipe asks for.
+each epoch (or every ``Run.save_every``), and the training-image augmentation a recipe asks for.
 
 Why one generator per epoch: every random number of epoch ``e`` (batch order, crops and flips,
 attack starts) comes from a CPU generator seeded by ``(seed, protocol, e)``, so a run killed after
@@ -75,14 +75,17 @@ class Run:
     seed: int
     state_path: Path | None
     progress: bool
+    # save the resumable state after every this many epochs (and the last): a schedule lengthened
+    # to many short epochs (a fitted ALF head) saves about once per recipe epoch, not once per epoch
+    save_every: int = 1
 
 
 def run_epochs(run: Run, step: Callable[[Tensor, Tensor, torch.Generator], None]) -> None:
     """SGD with momentum over ``run.cfg.epochs`` epochs; ``step(x, y, gen)`` computes one batch's
     gradients (``x`` in [0,1], augmented as ``cfg.augment`` says).
 
-    After every epoch the modules' state dicts and the optimizer's state are saved atomically; a
-    saved state is resumed from (loaded with ``weights_only=True``)."""
+    After every ``run.save_every`` epochs (and the last) the modules' state dicts and the optimizer's
+    state are saved atomically; a saved state is resumed from (loaded with ``weights_only=True``)."""
     cfg = run.cfg
     opt = torch.optim.SGD(run.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     start = _resume(run, opt)
@@ -100,7 +103,8 @@ def run_epochs(run: Run, step: Callable[[Tensor, Tensor, torch.Generator], None]
             step(xb, run.y[idx].to(device), gen)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        _save_state(run, opt, epoch + 1)
+        if (epoch + 1) % run.save_every == 0 or epoch + 1 == cfg.epochs:
+            _save_state(run, opt, epoch + 1)
 
 
 def _resume(run: Run, opt: torch.optim.Optimizer) -> int:

@@ -54,7 +54,8 @@ class ProbeConfig:
     Every field is recorded in each result row (``probe_config``, :meth:`as_dict`: ``standardize``
     only when set) and, except ``seed``, is part of the row's protocol: rows measured with different
     probe settings are never ranked together. ``standardize`` applies to SLF's probe; ALF and AFF
-    train their own heads (docs/decisions.md, 'Linear probe').
+    train their own heads (docs/decisions.md, 'Linear probe'; a fitted ALF head standardises its
+    features the same way, ``AlfConfig.fit``).
     """
 
     epochs: int = 1000  # probe training epochs on the cached features
@@ -149,23 +150,9 @@ def fit_linear_probe(
     f_train = extract_features(encoder, train.x, batch_size=feature_batch, keep_device=True)
     f_test = extract_features(encoder, test.x, batch_size=feature_batch, keep_device=True)
     y_train, y_test = train.y.to(device), test.y.to(device)
-
-    gen = torch.Generator(device="cpu").manual_seed(0 if cfg.seed is None else cfg.seed)
-    head = nn.Linear(f_train.shape[1], train.num_classes).to(device)
-    with torch.no_grad():  # seeded init, independent of the global RNG
-        bound = 1.0 / f_train.shape[1] ** 0.5
-        head.weight.copy_(torch.empty_like(head.weight, device="cpu").uniform_(-bound, bound, generator=gen))
-        head.bias.copy_(torch.empty_like(head.bias, device="cpu").uniform_(-bound, bound, generator=gen))
-    # standardize: the head is fitted on standardised features, then folded back onto the raw ones
-    scaler = feature_scaler(f_train) if cfg.standardize else None
-    fit_train, fit_test = (
-        (f_train, f_test) if scaler is None else (_scaled(f_train, scaler), _scaled(f_test, scaler))
+    head, best_acc, best_epoch = fit_head_on_features(
+        f_train, y_train, f_test, y_test, train.num_classes, cfg
     )
-    # One thread: this loop is many tiny ops, which contended threads only slow down.
-    with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
-        best_acc, best_epoch = _train_head(head, fit_train, y_train, fit_test, y_test, cfg, gen)
-    if scaler is not None:
-        fold_standardization(head, *scaler)
     # on the features' device (a GPU's, not one CPU thread of a pool worker)
     knn = knn_accuracy(
         f_train, train.y, f_test, test.y, num_classes=train.num_classes, k=cfg.knn_k, t=cfg.knn_t
@@ -183,7 +170,34 @@ def fit_linear_probe(
     return ProbedClassifier(encoder, head), result
 
 
-def _scaled(f: Tensor, scaler: tuple[Tensor, Tensor]) -> Tensor:
+def fit_head_on_features(
+    f_train: Tensor, y_train: Tensor, f_test: Tensor, y_test: Tensor, num_classes: int, cfg: ProbeConfig
+) -> tuple[nn.Linear, float, int]:
+    """The probe's linear head fitted on cached features (on their device): seeded init, the
+    schedule of ``cfg``, standardisation folded in when ``cfg.standardize``. Returns (head, best test
+    accuracy over epochs, its epoch); also the ALF underfit check's SLF reference (eval/finetune.py)."""
+    device = f_train.device
+    gen = torch.Generator(device="cpu").manual_seed(0 if cfg.seed is None else cfg.seed)
+    head = nn.Linear(f_train.shape[1], num_classes).to(device)
+    with torch.no_grad():  # seeded init, independent of the global RNG
+        bound = 1.0 / f_train.shape[1] ** 0.5
+        head.weight.copy_(torch.empty_like(head.weight, device="cpu").uniform_(-bound, bound, generator=gen))
+        head.bias.copy_(torch.empty_like(head.bias, device="cpu").uniform_(-bound, bound, generator=gen))
+    # standardize: the head is fitted on standardised features, then folded back onto the raw ones
+    scaler = feature_scaler(f_train) if cfg.standardize else None
+    fit_train, fit_test = (
+        (f_train, f_test) if scaler is None else (scaled(f_train, scaler), scaled(f_test, scaler))
+    )
+    # One thread: this loop is many tiny ops, which contended threads only slow down.
+    with cpu_threads(1) if device.type == "cpu" else contextlib.nullcontext():
+        best_acc, best_epoch = _train_head(head, fit_train, y_train, fit_test, y_test, cfg, gen)
+    if scaler is not None:
+        fold_standardization(head, *scaler)
+    return head, best_acc, best_epoch
+
+
+def scaled(f: Tensor, scaler: tuple[Tensor, Tensor]) -> Tensor:
+    """``f`` standardised by ``scaler`` (:func:`~..models.features.feature_scaler`'s mean, scale)."""
     return (f - scaler[0]) / scaler[1]
 
 

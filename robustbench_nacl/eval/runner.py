@@ -30,8 +30,8 @@ from ..utils import device_name, versions
 from .benchmark import WORST_CASE, benchmark
 from .finetune import fit_protocol, run_key
 from .heads import HEADS_DIR, head_key, load_head, save_head
-from .probe import ProbedClassifier, fit_linear_probe
-from .sanity import add_flags, check_probe_fit
+from .probe import ProbedClassifier, ProbeResult, fit_linear_probe
+from .sanity import add_flags, check_alf_fit, check_finetune_chance, check_probe_fit
 from .settings import IdentityFields, Setting, corruption_fields, expected_identities
 
 __all__ = ["Job", "rewrite_vanished", "run_protocol"]
@@ -159,9 +159,7 @@ def _run_setting(
         num_classes=train.num_classes,
         progress=job.progress,
     )
-    # SLF only: ALF/AFF heads are trained on adversarial examples, below clean kNN by design
-    fit = check_probe_fit(probe_result.train_acc, probe_result.knn_acc) if job.finetune is None else None
-    add_flags(measured, {"sanity_probe_underfit": fit})
+    add_flags(measured, _fit_flags(job, probe_result, finetuned, test))
     shared = {
         "probe_test_acc": probe_result.test_acc,
         "probe_best_test_acc": probe_result.best_test_acc,  # selected on test: for comparison only
@@ -187,6 +185,27 @@ def _run_setting(
         results.write_row(job.out, row)
         written.append(row)
     return written
+
+
+def _fit_flags(
+    job: Job, probe_result: ProbeResult, finetuned: dict[str, Any], test: ImageData
+) -> dict[str, bool | None]:
+    """The flags on how well the attacked classifier's head was fitted (None where one does not
+    apply): ``probe_underfit`` on the cached-feature probe (SLF; ALF/AFF heads are trained on
+    adversarial examples, below clean kNN by design), ``finetune_above_chance`` on every finetuned
+    head, ``alf_underfit`` on ALF heads (against ``slf_train_acc``, fit_protocol's reference)."""
+    if job.finetune is None:
+        return {
+            "sanity_probe_underfit": check_probe_fit(probe_result.train_acc, probe_result.knn_acc),
+            "sanity_finetune_above_chance": None,
+            "sanity_alf_underfit": None,
+        }
+    reference, acc = finetuned.get("slf_train_acc"), probe_result  # the reference: ALF only
+    return {
+        "sanity_probe_underfit": None,
+        "sanity_finetune_above_chance": check_finetune_chance(acc.test_acc, test.y, test.num_classes),
+        "sanity_alf_underfit": None if reference is None else check_alf_fit(acc.train_acc, reference),
+    }
 
 
 def _check_released(setting: Setting, y_test: torch.Tensor) -> None:

@@ -14,8 +14,10 @@ Three kinds of result:
   that an unbounded attack cannot drive to zero, clean accuracy at chance, robust accuracy rising
   with eps, iterative attacks weaker than single-step ones, attacks weaker than random noise,
   AutoAttack's Square fooling examples its gradient attacks missed, a linear probe that fits its
-  own training features far worse than kNN classifies test examples with them (``probe_underfit``,
-  decided by the runner from the probe's report and added with :func:`add_flags`).
+  own training features far worse than kNN classifies test examples with them (``probe_underfit``),
+  a finetuned head at chance (``finetune_above_chance``) and an ALF head that fits its training
+  images far worse than the SLF probe on the same features (``alf_underfit``): these three decided
+  by the runner from the probe's or the finetuning's report and added with :func:`add_flags`.
 
 Every flag can fire through ``evaluate`` (tests/test_sanity_flags.py makes each one fire). Flags go
 into every result row as ``sanity_<name>``: ``True`` when the check passes, ``False`` when it
@@ -57,6 +59,8 @@ FLAGS: dict[str, str] = {
     "square_adds_nothing": "AutoAttack's Square (no gradients) fooled examples the gradient attacks missed",
     "screen_found_nothing": "AutoAttack screening: FAB-T or Square fooled sampled examples APGD missed",
     "probe_underfit": "the linear probe's train accuracy is > 10 points below kNN on the same features (SLF)",
+    "finetune_above_chance": "a finetuned head's clean test accuracy is not above chance (it learnt nothing)",
+    "alf_underfit": "the ALF head's clean train accuracy is > 10 points below the SLF probe's (same data)",
 }
 SANITY_N = 128
 # Cross-row comparisons allow this many examples of slack (random starts differ between attacks).
@@ -65,6 +69,10 @@ TOL_EXAMPLES = 2
 UNBOUNDED_MAX_ACC = 0.05
 # AutoAttack's check_square_sr threshold: Square may lower robust accuracy by this fraction.
 SQUARE_ALPHA = 0.002
+# alf_underfit fires when the ALF head's clean train accuracy is more than this below the SLF probe's
+# on the same training features (docs/decisions.md, 'Fitted ALF heads'): a fitted ALF head on the
+# digits check loses at most a few points to adversarial training; the board's unfitted heads 10-30
+ALF_UNDERFIT_GAP = 0.10
 
 
 def _head(x: Tensor, n: int) -> Tensor:
@@ -400,6 +408,32 @@ def check_probe_fit(train_acc: float, knn_acc: float, *, gap: float = PROBE_UNDE
     if any(not isinstance(v, int | float) or math.isnan(v) for v in (train_acc, knn_acc)):
         return None
     return knn_acc - train_acc <= gap + 1e-9  # 1e-9: a gap of exactly ``gap`` passes
+
+
+def check_finetune_chance(
+    test_acc: float, y: Tensor, num_classes: int, *, tol_examples: int = TOL_EXAMPLES
+) -> bool | None:
+    """``finetune_above_chance``: False (fires) if a finetuned head's clean accuracy on the test
+    examples ``y`` is not above :func:`chance_level` by more than ``tol_examples`` examples (the
+    slack of ``clean_above_chance``): the head learnt nothing (the random-init control under
+    unfitted ALF, 20.2 % on five classes in every seed). None without test examples or accuracy."""
+    if not len(y) or not isinstance(test_acc, int | float) or math.isnan(test_acc):
+        return None
+    return test_acc > chance_level(y, num_classes) + tol_examples / len(y)
+
+
+def check_alf_fit(
+    alf_train_acc: float, slf_train_acc: float | None, *, gap: float = ALF_UNDERFIT_GAP
+) -> bool | None:
+    """``alf_underfit``: False (fires) if the ALF head's clean accuracy on its own training images is
+    more than ``gap`` below the SLF probe's (the run's probe settings, fitted on the same clean
+    training features). Adversarial training costs a head some clean accuracy, but a head that fits
+    its training images far worse than a clean linear head on the same features has not been
+    trained to convergence, and its clean and robust numbers are the schedule's, not the encoder's.
+    None if either accuracy is missing or NaN."""
+    if any(not isinstance(v, int | float) or math.isnan(v) for v in (alf_train_acc, slf_train_acc)):
+        return None
+    return slf_train_acc - alf_train_acc <= gap + 1e-9  # type: ignore[operator]  # exactly ``gap`` passes
 
 
 def add_flags(rows: list[dict[str, Any]], flags: dict[str, bool | None]) -> None:

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from ..results.finetune import PROTOCOLS, AffConfig, AlfConfig
+from ..results.finetune import PROTOCOLS, AffConfig, AlfConfig, read_identity
 from .aggregate import Context, Entry, _short_hash
 from .fmt import fmt_stat
 from .metrics import metric_key, metric_label, metric_name
@@ -48,14 +48,16 @@ _NOT_SHOWN = ("dual_bn", "recipe")
 
 def column_of(e: Entry) -> str:
     """The entry's column: ``SLF``, ``ALF``, ``AFF``, with the settings that differ from the
-    defaults when they do (``ALF (epochs 200)``), so two ALF recipes never share a column; a named
-    recipe's columns show only a training subset (``max_train``)."""
+    defaults when they do (``ALF (epochs 200)``, ``ALF (fit off)``), so two ALF recipes never share
+    a column; a named recipe's columns show only a training subset (``max_train``)."""
     name = protocol_of(e)
     ft = e.protocol.get("finetune")
     if not isinstance(ft, dict) or (name not in DEFAULTS and "recipe" not in ft):
         return name.upper()
     default = {"max_train": None} if "recipe" in ft else DEFAULTS[name]().identity()
-    shown = ft if "recipe" not in ft else {k: v for k, v in ft.items() if k == "max_train"}
+    # a row older than a late setting shows what it computed where today's default differs (an ALF
+    # row without ``fit``: "fit off"), so that it never shares a column with a default row
+    shown = read_identity(ft) if "recipe" not in ft else {k: v for k, v in ft.items() if k == "max_train"}
     diff = [
         f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
         for k, v in shown.items()

@@ -21,6 +21,28 @@ AUGMENTS = ("none", "crop-flip")
 #: the clean branch, x_adv through the adversarial one, that one evaluated), ``on`` = the same but an
 #: error on a single-BN encoder, ``off`` = every forward through the encoder's evaluated branch.
 DUAL_BN = ("auto", "on", "off")
+#: The training-set size the ALF recipe's epochs were set for: CIFAR-10's 50,000 training images
+#: (DynACL test_LF.py, the source of ``AlfConfig``'s defaults). A fitted ALF head keeps the recipe's
+#: number of SGD steps on a smaller training set (:func:`fitted_schedule`).
+RECIPE_TRAIN_SIZE = 50_000
+
+
+@dataclass(frozen=True)
+class AlfFit:
+    """How an ALF head is fitted (``AlfConfig.fit``): docs/decisions.md, 'Fitted ALF heads'."""
+
+    keep_steps: bool  # on fewer than RECIPE_TRAIN_SIZE images, more epochs: the recipe's SGD steps
+    standardize: bool  # train on standardised clean-feature statistics, folded into the head after
+    summary: str
+
+
+#: ``AlfConfig.fit`` -> what it does. ``off`` is the recipe as configured, the reading of every ALF
+#: row before the choice existed (their identities carry no ``fit``).
+ALF_FITS: dict[str, AlfFit] = {
+    "fitted": AlfFit(True, True, "the recipe's SGD steps kept, standardised features (the default)"),
+    "standardized": AlfFit(False, True, "the configured epochs, standardised features"),
+    "off": AlfFit(False, False, "the configured epochs on raw features (rows before the choice)"),
+}
 
 
 @dataclass(frozen=True)
@@ -72,12 +94,16 @@ class AlfConfig:
     augment: str = "none"  # none | crop-flip: training-image augmentation (the benchmark: crop-flip)
     # the named recipe that resolved these settings, as (key, value) pairs; () when set by hand
     recipe: tuple[tuple[str, str], ...] = ()
+    # fitted | standardized | off: fitted = the recipe's SGD steps kept, standardised features folded in
+    fit: str = "fitted"
 
     protocol = "alf"
 
     def check(self) -> None:
         """Raise a one-line ``UserError`` for a setting that cannot be run."""
         _check_common(self)
+        if self.fit not in ALF_FITS:
+            raise UserError(f"alf fit {self.fit!r}: choose one of {', '.join(ALF_FITS)}")
 
     def identity(self) -> dict[str, Any]:
         """What enters the rows' identity: every setting, the step size resolved."""
@@ -132,6 +158,11 @@ FinetuneConfig = SlfConfig | AlfConfig | AffConfig
 # different id), and "off" on a dual-BN encoder is the old computation (the old id).
 _LATE_FIELDS = {"max_train": (None,), "head_init": ("uniform",), "augment": ("none",)}
 _LATE_FIELDS |= {"recipe": ((),), "dual_bn": ("auto", "off")}
+# ``fit`` (ALF): "off" is what every ALF row before it computed; its default, "fitted", is not, so
+# a default ALF row carries ``fit`` and a row without it reads as "off" (:data:`ABSENT_AS`)
+_LATE_FIELDS |= {"fit": ("off",)}
+#: what an identity that lacks a late field computed, where that differs from today's default
+ABSENT_AS: dict[str, Any] = {"fit": "off"}
 
 
 def _identity(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -197,6 +228,31 @@ def resolve_dual_bn(cfg: AffConfig, dual_encoder: bool) -> AffConfig:
     """``cfg`` with ``dual_bn`` resolved against the encoder (``on`` or ``off``), so that its identity
     says what was computed: dual-BN TRADES rows carry ``dual_bn: on``, rows computed as before none."""
     return replace(cfg, dual_bn="on" if dual_bn_on(cfg, dual_encoder) else "off")
+
+
+def read_identity(ft: dict[str, Any]) -> dict[str, Any]:
+    """A row's ``finetune`` identity with the late fields it lacks filled with what it computed
+    (:data:`ABSENT_AS`): an ALF row written before ``fit`` existed reads as ``fit: off``."""
+    absent = ABSENT_AS if ft.get("protocol") == "alf" else {}
+    return {**ft, **{k: v for k, v in absent.items() if k not in ft}}
+
+
+def fitted_schedule(cfg: AlfConfig, n_train: int) -> AlfConfig:
+    """The epochs and milestones ALF trains ``n_train`` images with (``cfg`` itself unless its
+    ``fit`` keeps steps and ``n_train < RECIPE_TRAIN_SIZE``).
+
+    The rule (docs/decisions.md, 'Fitted ALF heads'): the recipe's steps are
+    ``S = epochs * ceil(RECIPE_TRAIN_SIZE / batch_size)``; ``n_train`` images make
+    ``s = ceil(n_train / min(batch_size, n_train))`` steps an epoch; the fitted run has
+    ``E = ceil(S / s)`` epochs (so at least S steps, fewer than S + s), and each milestone ``m``
+    becomes ``round(m * E / epochs)`` (half up), the same fraction of the run."""
+    if not ALF_FITS[cfg.fit].keep_steps or n_train >= RECIPE_TRAIN_SIZE or n_train < 1:
+        return cfg
+    target = cfg.epochs * math.ceil(RECIPE_TRAIN_SIZE / cfg.batch_size)
+    per_epoch = math.ceil(n_train / min(cfg.batch_size, n_train))
+    epochs = math.ceil(target / per_epoch)
+    scaled = [math.floor(m * epochs / cfg.epochs + 0.5) for m in milestones(cfg)]
+    return replace(cfg, epochs=epochs, milestones=",".join(map(str, scaled)))
 
 
 def milestones(cfg: FinetuneConfig) -> list[int]:
