@@ -46,8 +46,10 @@ def test_the_reference_zoo_is_every_preset_on_fashion_mnist_with_three_seeds() -
     assert all(e.eval["transfer"] == "fashion-mnist:5-9" and e.eval["n_examples"] >= 500 for e in fm)
     # on one channel grayscale is the identity and grayscale+jitter is jitter: the others are run
     assert {e.eval["shift"] for e in fm} == {"crop,flip,jitter"}
-    # SLF and ALF for every seed, AFF for seed 0; the learning curves recorded every epoch
-    assert {(e.seed, e.eval["protocol"]) for e in fm} == {(0, "slf,alf,aff"), (1, "slf,alf"), (2, "slf,alf")}
+    # SLF, ALF and AFF for every seed (AFF seed intervals, issue 37); ALF on standardised features
+    # at the recipe's epochs; the learning curves recorded every epoch
+    assert {(e.seed, e.eval["protocol"]) for e in fm} == {(s, "slf,alf,aff") for s in (0, 1, 2)}
+    assert {e.eval["alf"]["fit"] for e in fm} == {"standardized"}
     assert all(e.recipe["monitor_every"] == 1 and e.recipe["monitor_probe"] for e in fm)
     # a fitted probe (standardised features) and AutoAttack standard in-domain at the headline eps
     assert all(e.eval["probe_standardize"] and e.eval["suite"] == "fashion-mnist-aa" for e in fm)
