@@ -352,6 +352,8 @@ def test_the_shipped_robust_ssl_claims_load_under_their_protocols() -> None:
         ("dynacl_air", "dynacl", "slf"), ("dynacl_air", "dynacl", "alf"),
         ("dynacl++", "dynacl", "slf"), ("dynacl++", "dynacl", "alf"),
         ("dynacl_air++", "dynacl_air", "slf"), ("dynacl_air++", "dynacl_air", "alf"),
+        ("acl", "simclr", "aff"), ("dynacl", "acl", "aff"), ("dynacl_air", "dynacl", "aff"),
+        ("dynacl_air++", "dynacl_air", "aff"),
     }  # fmt: skip
     assert {(c.setting, c.metric, c.kind) for c in claims} == {("in-domain", "autoattack@0.032", "better")}
 
