@@ -195,3 +195,48 @@ def test_a_head_is_looked_up_among_slf_rows_only(monkeypatch: pytest.MonkeyPatch
         load.protocol_row(model, "digits:5-9")
     assert str(err.value).endswith("its protocols: p-slf (in-domain fashion-mnist:0-4); 27 corruption "
                                    "protocols (they attack the in-domain head)")  # fmt: skip
+
+
+def _post_folder(d: Path) -> Path:
+    """A checkpoint folder whose manifest cites pseudo-labels, as a ++ post-processing writes it."""
+    d.mkdir(parents=True)
+    (d / WEIGHTS).write_bytes(b"weights")
+    (d / "pseudo_labels.safetensors").write_bytes(b"labels")
+    manifest = {
+        "encoder": "convnet_small",
+        "weights": WEIGHTS,
+        "weights_sha256": sha256_file(d / WEIGHTS),
+        "post": {
+            "recipe": "dynacl++",
+            "pseudo_labels": "pseudo_labels.safetensors",
+            "pseudo_labels_sha256": sha256_file(d / "pseudo_labels.safetensors"),
+        },
+    }
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return d
+
+
+def test_a_post_processed_checkpoint_publishes_and_verifies_its_pseudo_labels(tmp_path: Path) -> None:
+    from robustbench_nacl.models.checkpoint import pinned_files, read_manifest
+
+    src = _post_folder(tmp_path / "src")
+    manifest = read_manifest(src)
+    assert pinned_files(manifest) == {
+        "pseudo_labels.safetensors": sha256_file(src / "pseudo_labels.safetensors")
+    }
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    release.copy_pinned_files(src, dest, manifest)
+    assert (dest / "pseudo_labels.safetensors").read_bytes() == b"labels"
+    entry = dataclasses.replace(zoo.fashion_mnist_zoo()[0], weights_sha256=None)
+    assert verify._verify_folder(entry, src) == ("ok", manifest["weights_sha256"])
+    (src / "pseudo_labels.safetensors").write_bytes(b"other")  # what the manifest cites is not there
+    status, detail = verify._verify_folder(entry, src)
+    assert status == "changed" and "pseudo_labels.safetensors: missing or not the file" in detail
+    with pytest.raises(UserError, match="not the file its manifest pins"):
+        release.copy_pinned_files(src, dest, manifest)
+    # a manifest may not name a file outside its folder
+    bad = {**manifest, "post": {**manifest["post"], "pseudo_labels": "../labels.safetensors"}}
+    with pytest.raises(UserError, match="is not a file of the checkpoint"):
+        pinned_files(bad)
+    assert pinned_files({"encoder": "convnet_small"}) == {}

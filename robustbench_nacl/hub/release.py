@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import UserError
 from ..eval.heads import HEADS_DIR, head_key, head_path
 from ..io import sha256_file, write_json_atomic
-from ..models.checkpoint import WEIGHTS, read_manifest
+from ..models.checkpoint import WEIGHTS, pinned_files, read_manifest
 from ..packaged import published_dir
 from ..pipeline import control_id, expected_rows
 from ..results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
@@ -83,6 +83,7 @@ def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: P
     shutil.copyfile(src / manifest["weights"], dest / WEIGHTS)
     if (src / LOG).is_file():  # the learning curve (`zoo curves --out <set>/models` draws it)
         shutil.copyfile(src / LOG, dest / LOG)
+    copy_pinned_files(src, dest, manifest)
     write_json_atomic(dest / "manifest.json", {**manifest, "weights": WEIGHTS})
     reported = json.loads((published_dir() / "paper_reported.json").read_text()).get(entry.loss, [])
     card = card_of_rows(
@@ -96,6 +97,16 @@ def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: P
     )
     write_card(dest / CARD, card)
     return card
+
+
+def copy_pinned_files(src: Path, dest: Path, manifest: dict[str, Any]) -> None:
+    """Copy the files the manifest pins besides the weights (:func:`~..models.checkpoint.pinned_files`)
+    from ``src`` to ``dest``, each checked first (a one-line UserError naming it when missing or
+    different)."""
+    for name, sha in pinned_files(manifest).items():
+        if not (src / name).is_file() or sha256_file(src / name) != sha:
+            raise UserError(f"{src / name}: missing or not the file its manifest pins; re-run `zoo train`")
+        shutil.copyfile(src / name, dest / name)
 
 
 def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, name: str) -> Path:

@@ -64,6 +64,24 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def pinned_files(manifest: dict[str, Any]) -> dict[str, str]:
+    """The files beside the weights that a manifest names with a sha256, name -> sha256: a
+    post-processed checkpoint's pseudo-labels (``post.pseudo_labels``, which its manifest cites).
+    A name that is not a plain file name of the folder (a path, a hidden file) is a CheckpointError."""
+    post = manifest.get("post")
+    if not isinstance(post, dict) or not post.get("pseudo_labels"):
+        return {}
+    name, sha = post["pseudo_labels"], post.get("pseudo_labels_sha256")
+    if (
+        not isinstance(name, str)
+        or Path(name).name != name
+        or name.startswith(".")
+        or not isinstance(sha, str)
+    ):
+        raise CheckpointError(f"manifest field post.pseudo_labels {name!r} is not a file of the checkpoint")
+    return {name: sha}
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..io import sha256_file
-from ..models.checkpoint import read_manifest
+from ..models.checkpoint import pinned_files, read_manifest
 from ..packaged import published_dir
 from .entry import ZooEntry, checkpoint_dir, is_trained
 
@@ -28,6 +28,7 @@ def published_copy(entry: ZooEntry) -> Path | None:
 def _verify_folder(entry: ZooEntry, d: Path) -> tuple[str, str]:
     try:
         manifest = read_manifest(d)
+        pinned = pinned_files(manifest)
     except UserError as e:
         return "changed", str(e)
     weights = d / manifest["weights"]
@@ -39,6 +40,9 @@ def _verify_folder(entry: ZooEntry, d: Path) -> tuple[str, str]:
             "changed",
             f"{weights}: sha256 {actual[:12]}... != manifest {manifest['weights_sha256'][:12]}...",
         )
+    for name, sha in pinned.items():  # a ++ checkpoint's pseudo-labels, cited by it
+        if not (d / name).is_file() or sha256_file(d / name) != sha:
+            return "changed", f"{d / name}: missing or not the file its manifest pins"
     card = d / "card.json"
     if card.is_file():
         pinned, why = _card_pin(card)
