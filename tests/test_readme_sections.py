@@ -140,6 +140,12 @@ def test_cost_counts_each_setting_once_and_the_worst_case_rows_not_at_all() -> N
     assert lines[4] == "| ALF evaluation | 1 | 1 | 174 s (0.0 h) | 0 s (0.0 h) | 174 s |"
     assert lines[5] == "| all | | | 481 s (0.1 h) | | |"
     assert "about 0.1 hours" in text
+    # a ++ entry's manifest: its wall_s is the post-processing, a stage of its own
+    lines = readme.cost(
+        [{"wall_s": 80.0}, {"wall_s": 100.0}, {"wall_s": 40.0, "post": {"recipe": "x"}}], rows
+    )
+    assert lines.splitlines()[3] == "| ++ post-processing | 1 | – | 40 s (0.0 h) | – | 40 s |"
+    assert "| all | | | 521 s (0.1 h) | | |" in lines
 
 
 def test_family_parameters_are_what_every_recipe_of_a_family_shares_beyond_the_nacl_ones(

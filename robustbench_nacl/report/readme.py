@@ -99,15 +99,22 @@ def _seconds(x: float) -> str:
 
 def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> str:
     """A table of what each stage cost, in seconds of one core (every process ran one torch thread):
-    training from the manifests' ``wall_s``; each protocol's evaluation from its rows, per setting
+    training from the manifests' ``wall_s`` (a post-processed entry's apart: its ++ post-processing);
+    each protocol's evaluation from its rows, per setting
     the probe's or the finetuning's ``probe_wall_s`` plus each attack row's ``wall_s`` (the worst-case
     rows only add up the others, so they are not counted), AutoAttack's rows apart."""
-    train = [float(m["wall_s"]) for m in manifests]
+    # a ++ entry is not trained: its manifest's wall_s is its post-processing of a trained parent
+    train = [float(m["wall_s"]) for m in manifests if not m.get("post")]
+    post = [float(m["wall_s"]) for m in manifests if m.get("post")]
     lines = [
         "| stage | encoders | settings | core-seconds | of which AutoAttack | median per encoder |",
         "|---|---|---|---|---|---|",
         f"| training | {len(train)} | – | {_seconds(sum(train))} | – | {median(train):,.0f} s |",
     ]
+    if post:
+        lines.append(
+            f"| ++ post-processing | {len(post)} | – | {_seconds(sum(post))} | – | {median(post):,.0f} s |"
+        )
     by: dict[str, dict[str, Any]] = {}
     for r in rows:
         st = by.setdefault(protocol_name(r), {"fit": {}, "attack": 0.0, "aa": 0.0, "enc": {}})
@@ -119,7 +126,7 @@ def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any
             st["aa"] += wall if r["attack"] == "autoattack" else 0.0
             st["enc"][r["checkpoint_sha256"]] = st["enc"].get(r["checkpoint_sha256"], 0.0) + wall
         st["enc"].setdefault(r["checkpoint_sha256"], 0.0)
-    total = sum(train)
+    total = sum(train) + sum(post)
     for name in ("slf", "alf", "aff"):
         if name not in by:
             continue
