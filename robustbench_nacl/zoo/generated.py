@@ -169,8 +169,8 @@ FMNIST_EVAL = {
     "probe_standardize": True,
     "finetune_settings": "in-domain",
     # standardised features at the recipe's 25 epochs: converged on this board, where keeping the
-    # recipe's steps (``fit fitted``) would cost 49x for the same head (docs/decisions.md, 'Fitted
-    # ALF heads', the board's reading)
+    # recipe's steps (``fit fitted``) would cost 49x for the same head (the board's reading in
+    # docs/decisions.md, 'Fitted ALF heads')
     "alf": {"max_train": 1024, "batch_size": 128, "fit": "standardized"},
     "aff": {"max_train": 1024, "batch_size": 128},
 }
