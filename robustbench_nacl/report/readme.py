@@ -100,9 +100,9 @@ def _seconds(x: float) -> str:
 def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> str:
     """A table of what each stage cost, in seconds of one core (every process ran one torch thread):
     training from the manifests' ``wall_s`` (a post-processed entry's apart: its ++ post-processing);
-    each protocol's evaluation from its rows, per setting
-    the probe's or the finetuning's ``probe_wall_s`` plus each attack row's ``wall_s`` (the worst-case
-    rows only add up the others, so they are not counted), AutoAttack's rows apart."""
+    each protocol's evaluation from its rows, per setting the probe's or the finetuning's
+    ``probe_wall_s`` plus each attack row's ``wall_s`` (the worst-case rows only add up the others,
+    so they are not counted), AutoAttack's rows apart."""
     # a ++ entry is not trained: its manifest's wall_s is its post-processing of a trained parent
     train = [float(m["wall_s"]) for m in manifests if not m.get("post")]
     post = [float(m["wall_s"]) for m in manifests if m.get("post")]

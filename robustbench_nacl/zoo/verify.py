@@ -28,7 +28,7 @@ def published_copy(entry: ZooEntry) -> Path | None:
 def _verify_folder(entry: ZooEntry, d: Path) -> tuple[str, str]:
     try:
         manifest = read_manifest(d)
-        pinned = pinned_files(manifest)
+        extra = pinned_files(manifest)  # files besides the weights that the manifest pins
     except UserError as e:
         return "changed", str(e)
     weights = d / manifest["weights"]
@@ -40,7 +40,7 @@ def _verify_folder(entry: ZooEntry, d: Path) -> tuple[str, str]:
             "changed",
             f"{weights}: sha256 {actual[:12]}... != manifest {manifest['weights_sha256'][:12]}...",
         )
-    for name, sha in pinned.items():  # a ++ checkpoint's pseudo-labels, cited by it
+    for name, sha in extra.items():  # a ++ checkpoint's pseudo-labels, cited by it
         if not (d / name).is_file() or sha256_file(d / name) != sha:
             return "changed", f"{d / name}: missing or not the file its manifest pins"
     card = d / "card.json"
