@@ -21,8 +21,9 @@ Two sources of encoders:
     python bench/alf_fit.py --board --fits standardized --epochs 25,100
     python bench/alf_fit.py [--simclr-epochs 5] [--fits off,fitted] [--batch-size 128]
 
-A ``fit fitted`` head at batch 128 on 1,024 images is 9,776 PGD-10 steps (about an hour per encoder
-on one contended CPU core).
+A ``fit fitted`` head at batch 128 on 1,024 images is 9,776 PGD-10 steps, 49x the recipe's 200:
+about 2-3 hours per board encoder, from the 136-210 s its 25-epoch heads took (docs/decisions.md,
+'Fitted ALF heads').
 """
 
 from __future__ import annotations

@@ -412,7 +412,7 @@ def fit_protocol(
         fields["finetuned_sha256"] = save_weights(out, classifier)
     metrics, reference = _metrics(classifier, train, test, probe, cfg)
     if isinstance(cfg, AlfConfig):  # what the fitted schedule ran, and the underfit check's reference
-        fields["finetune_epochs"] = fitted_schedule(cfg, len(train)).epochs
+        fields["finetune_epochs"] = metrics.best_epoch  # the last epoch of the run: its length
         fields["slf_train_acc"] = reference
     return classifier, metrics, fields
 

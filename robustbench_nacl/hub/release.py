@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import UserError
 from ..eval.heads import HEADS_DIR, head_key, head_path
 from ..io import sha256_file, write_json_atomic
-from ..models.checkpoint import WEIGHTS, pinned_files, read_manifest
+from ..models.checkpoint import WEIGHTS, pinned_file_problem, pinned_files, read_manifest
 from ..packaged import published_dir
 from ..pipeline import control_id, expected_rows
 from ..results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
@@ -103,9 +103,9 @@ def copy_pinned_files(src: Path, dest: Path, manifest: dict[str, Any]) -> None:
     """Copy the files the manifest pins besides the weights (:func:`~..models.checkpoint.pinned_files`)
     from ``src`` to ``dest``, each checked first (a one-line UserError naming it when missing or
     different)."""
-    for name, sha in pinned_files(manifest).items():
-        if not (src / name).is_file() or sha256_file(src / name) != sha:
-            raise UserError(f"{src / name}: missing or not the file its manifest pins; re-run `zoo train`")
+    if problem := pinned_file_problem(src, manifest):
+        raise UserError(f"{problem}; re-run `zoo train`")
+    for name in pinned_files(manifest):
         shutil.copyfile(src / name, dest / name)
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from ..errors import CheckpointError, one_line
-from ..io import sha256_bytes, write_bytes_atomic, write_json_atomic
+from ..io import sha256_bytes, sha256_file, write_bytes_atomic, write_json_atomic
 
 WEIGHTS = "weights.safetensors"
 MANIFEST = "manifest.json"
@@ -80,6 +80,15 @@ def pinned_files(manifest: dict[str, Any]) -> dict[str, str]:
     ):
         raise CheckpointError(f"manifest field post.pseudo_labels {name!r} is not a file of the checkpoint")
     return {name: sha}
+
+
+def pinned_file_problem(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """The first of :func:`pinned_files` that is missing from ``folder`` or differs from its pin, as
+    one line (None when all match): what publishing refuses and what ``zoo verify`` reports."""
+    for name, sha in pinned_files(manifest).items():
+        if not (folder / name).is_file() or sha256_file(folder / name) != sha:
+            return f"{folder / name}: missing or not the file its manifest pins"
+    return None
 
 
 def _is_number(v: Any) -> bool:
