@@ -20,7 +20,7 @@ from robustbench_nacl.eval.evaluate import evaluate
 from robustbench_nacl.eval.probe import ProbeConfig
 from robustbench_nacl.report import protocols
 from robustbench_nacl.report.compare import compare, format_compare
-from robustbench_nacl.report.leaderboard import render_leaderboard
+from robustbench_nacl.report.leaderboard import build_context, render_leaderboard
 from robustbench_nacl.results.finetune import AffConfig, AlfConfig
 from robustbench_nacl.results.rows import protocol_name
 
@@ -205,6 +205,23 @@ def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(t
     want = [f"{100 * by[p][i]['clean_acc' if i == 0 else 'robust_acc']:.1f}" for p in by for i in (0, 1)]
     assert [c.split()[0] for c in line.strip("| ").split(" | ")[1:]] == want
     assert page.count("ranked by") >= 3 and protocols.FIGURE in files
+    # an ALF run more than 10 points below SLF's clean accuracy is marked and named under the table;
+    # exactly 10 points is not
+    slf_clean = by["slf"][0]["clean_acc"]
+    for drop, marked in ((protocols.ALF_CLEAN_GAP, False), (protocols.ALF_CLEAN_GAP + 0.02, True)):
+        moved = [
+            {**r, "clean_acc": slf_clean - drop, "robust_acc": min(r["robust_acc"], slf_clean - drop)}
+            if protocol_name(r) == "alf"
+            else dict(r)
+            for r in rows
+        ]
+        ctx, _ = build_context(moved)
+        text = "\n".join(protocols.markdown_section(ctx))
+        alf_cell = next(x for x in text.splitlines() if x.startswith("| Sequential")).split(" | ")[3]
+        assert (protocols.GAP_MARK in alf_cell) is marked, (drop, alf_cell)
+        seed = by["alf"][0]["seed"]
+        note = f"- Sequential (seed {seed}: {100 * slf_clean:.1f} → {100 * (slf_clean - drop):.1f})"
+        assert (f"{protocols.GAP_MARK} ALF clean accuracy" in text and note in text) is marked, text
     slf_page = render_leaderboard(list(slf_only), tmp_path / "board-slf")["LEADERBOARD.md"].read_text()
     assert "side by side" not in slf_page and not (tmp_path / "board-slf" / protocols.FIGURE).exists()
     # compare: per protocol (the other family's SLF and ALF rows each against Sequential's, never across)
