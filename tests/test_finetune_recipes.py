@@ -197,6 +197,16 @@ BENCHMARK = [
     ("DeACL", "cifar10", "aff", 0.1, 128, "15,20", 25),
     ("AdvCL", "cifar100", "aff", 0.1, 128, "15,20", 25),
     ("other", "cifar10", "slf", 0.1, 128, "15,20", 25),  # the final else: every mode, every method
+    ("ACL_IR", "cifar10", "slf", 0.005, 512, "10,20", 25),
+    ("ACL_IR", "stl10@96", "alf", 0.01, 512, "10,20", 25),
+    ("ACL_IR", "cifar10", "aff", 0.1, 128, "40,60", 100),
+    ("DynACL-AIR", "cifar10", "slf", 0.01, 512, "10,20", 5),  # args.epochs = 5, as written
+    ("DynACL-AIR", "cifar100", "slf", 0.1, 512, "10,20", 25),
+    ("DynACL-AIR", "stl10@96", "alf", 0.1, 128, "10,20", 25),
+    ("DynACL-AIR", "cifar10", "aff", 0.1, 128, "15,20", 25),
+    ("DynACL-AIR++", "cifar100", "slf", 0.09, 512, "10,20", 25),
+    ("DynACL-AIR++", "cifar10", "alf", 0.01, 512, "10,20", 4),  # args.epochs = 4, as written
+    ("DynACL-AIR++", "cifar10", "aff", 0.1, 128, "15,20", 25),  # args.epoch = 19 sets nothing read
 ]
 
 
@@ -231,6 +241,12 @@ def test_robustssl_method_follows_the_checkpoints_family() -> None:
     assert method("acl") == {"name": "robustssl", "method": "ACL", "dataset": "cifar10"}
     assert method("dynacl")["method"] == "DynACL" and method("deacl")["method"] == "DeACL"
     assert method("rocl")["method"] == method("simclr")["method"] == "other"
+    assert [method(f)["method"] for f in ("acl_air", "dynacl_air", "dynacl++", "dynacl_air++")] == [
+        "ACL_IR",
+        "DynACL-AIR",
+        "DynACL++",
+        "DynACL-AIR++",
+    ]
     assert method("acl", "cifar100")["dataset"] == "cifar100"
     assert fr.parse_recipe("robustssl:dynacl++")[1] == "dynacl++"
     with pytest.raises(UserError, match="finetune recipe 'nope': choose one of uniform, robustssl"):
