@@ -308,26 +308,47 @@ def is_complete(entry: ZooEntry, done: dict[str, set[str]], control: bool = Fals
     return row_keys(entry, control) <= done.get(control_id(entry) if control else entry.id, set())
 
 
-def superseded_rows(entries: Iterable[ZooEntry], out: str | Path, controls: bool = True) -> list[Path]:
+def superseded_rows(
+    entries: Iterable[ZooEntry], out: str | Path, controls: bool = True, ckpts: str | Path | None = None
+) -> list[Path]:
     """Rows under ``out/rows`` of the entries' (and controls') checkpoint ids that no manifest asks for
-    any more (the entry's evaluation changed): what ``zoo run`` moves aside before rendering."""
+    any more (the entry's evaluation changed) or, where the entry is trained under ``ckpts``, that
+    were computed on another checkpoint than the one there (the entry was retrained: a row's key
+    leaves the weights out, so without this its old rows would count as the new checkpoint's):
+    what ``zoo run`` moves aside before rendering. An entry not trained under ``ckpts`` keeps its
+    rows (committed rows stand for their checkpoints)."""
     from .results.rows import read_valid_row
 
     wanted: dict[str, set[str]] = {}
+    current: dict[str, str] = {}
     for e in entries:
         wanted.setdefault(e.id, set()).update(row_keys(e))
         if controls:
             wanted.setdefault(control_id(e), set()).update(row_keys(e, control=True))
+        if ckpts is not None and (sha := trained_sha256(e, ckpts)) is not None:
+            current[e.id] = sha
     stale = []
     for path in sorted((Path(out) / "rows").glob("*.json")):
         row = read_valid_row(path, path.stem)
-        if (
-            row is not None
-            and row.checkpoint_id in wanted
-            and row_key(row.to_json()) not in wanted[row.checkpoint_id]
-        ):
+        if row is None or row.checkpoint_id not in wanted:
+            continue
+        retrained = row.checkpoint_id in current and row.checkpoint_sha256 != current[row.checkpoint_id]
+        if retrained or row_key(row.to_json()) not in wanted[row.checkpoint_id]:
             stale.append(path)
     return stale
+
+
+def trained_sha256(entry: ZooEntry, ckpts: str | Path) -> str | None:
+    """The sha256 of the weights the entry's checkpoint under ``ckpts`` names (its manifest's
+    ``weights_sha256``, what every row of it carries), or None where it is not trained there."""
+    from .models.checkpoint import CheckpointError, read_manifest
+
+    if not is_trained(entry, ckpts):
+        return None
+    try:
+        return str(read_manifest(checkpoint_dir(entry, ckpts))["weights_sha256"])
+    except CheckpointError:
+        return None  # a corrupt manifest: training it again says so, not this sweep
 
 
 def set_aside(paths: list[Path], out: str | Path) -> int:
@@ -340,7 +361,8 @@ def set_aside(paths: list[Path], out: str | Path) -> int:
         p.replace(dest / p.name)
     print(
         f"{len(paths)} result rows of these entries were computed under another evaluation protocol than "
-        f"their manifests now say (n_examples, suite, probe, ...): moved to {dest}",
+        f"their manifests now say (n_examples, suite, probe, ...) or on a checkpoint they were retrained "
+        f"since: moved to {dest}",
         file=sys.stderr,
     )
     return len(paths)
@@ -415,7 +437,7 @@ def run_entries(
 
     An entry (or control) whose rows are already complete under ``out`` is skipped altogether.
     """
-    stale = set_aside(superseded_rows(entries, out, controls), out)
+    stale = set_aside(superseded_rows(entries, out, controls, ckpts), out)
     done = rows_done(out)
     todo = [e for e in by_protocol(entries) if not is_complete(e, done)]
     wanted = by_protocol(control_entries(entries)) if controls else []

@@ -85,3 +85,40 @@ def test_a_changed_entry_recomputes_only_its_rows_and_the_board_shows_the_new_n(
     shown = {(r["loss"], r["n_examples"]) for r in results}
     assert {n for loss, n in shown if loss == "simclr"} == {25}  # the board has the new n only
     assert {n for loss, n in shown if loss == "debiased"} == {20}
+
+
+def test_a_retrained_entry_sets_its_old_rows_aside_and_is_evaluated_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a row's key leaves the weights out: an entry trained again (here with another learning rate,
+    # as a preset's new defaults would) has the same keys, so its old rows looked complete and
+    # stayed beside the new checkpoint; they are another checkpoint's, so they are set aside
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
+    a = tiny_entry(tmp_path / "zoo", "simclr")
+    board, ck = tmp_path / "board", tmp_path / "ck"
+    argv = ["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"]
+    assert cli.main(argv) == 0
+    before = _mtimes(board, a.id)
+    old_sha = pipeline.trained_sha256(a, ck)
+    assert old_sha is not None and pipeline.superseded_rows([a], board, ckpts=ck) == []
+    retrained = tiny_entry(tmp_path / "zoo", "simclr")
+    retrained.recipe["lr"] = 1e-3
+    zoo.write_entry(retrained, tmp_path / "zoo")
+    (ck / a.id / "manifest.json").unlink()  # not trained any more: `zoo train` trains it again
+    assert cli.main(["zoo", "train", "--zoo", "t", "--out", str(ck), "--no-progress", a.id]) == 0
+    assert pipeline.trained_sha256(a, ck) not in (None, old_sha)
+    # without the checkpoints (rows committed alone), the rows stand for them: nothing is stale
+    assert pipeline.superseded_rows([a], board) == []
+    assert len(pipeline.superseded_rows([a], board, ckpts=ck)) == len(before)
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "0 trained" in out and "1 evaluations" in out, out
+    assert f"{len(before)} result rows of these entries" in err and "retrained since" in err
+    after = _mtimes(board, a.id)
+    assert len(after) == len(before) and not set(after) & set(before)
+    assert sorted(os.listdir(board / pipeline.SUPERSEDED_DIR)) == sorted(before)
+    rows = [json.loads(p.read_text()) for p in (board / "rows").glob("*.json")]
+    assert {r["checkpoint_sha256"] for r in rows if r["checkpoint_id"] == a.id} == {
+        pipeline.trained_sha256(a, ck)
+    }
