@@ -249,3 +249,35 @@ def test_the_leaderboard_baseline_can_be_named_or_switched_off(known: list[dict[
     # no simclr rows at all: the default baseline is simply absent, no error
     quiet, _ = build_context([r for r in known if r["loss"] != "simclr"])
     assert quiet.baseline_family is None
+
+
+def test_dual_bn_trades_rows_rank_and_compare_with_the_other_aff_rows(known: list[dict[str, Any]]) -> None:
+    # AFF resolves dual_bn against the encoder: dual-BN TRADES on a dual-BN encoder (rows carry
+    # dual_bn "on", another identity), TRADES otherwise. One protocol, as the RobustSSL benchmark's
+    # AFF tables rank them: nca (dual-BN here) is ranked and compared with simclr (single-BN)
+    from robustbench_nacl.results.finetune import AffConfig
+
+    aff = AffConfig(max_train=64).identity()
+    domain = [r for r in known if r["setting"] == "in-domain"]
+
+    def as_aff(r: dict[str, Any], dual: bool) -> dict[str, Any]:
+        return stamp_ids({**r, "finetune": {**aff, "dual_bn": "on"} if dual else dict(aff)})
+
+    rows = [as_aff(r, r["loss"] == "nca") for r in domain]
+    assert len({r["protocol_id"] for r in rows}) == 2  # the rows keep what they computed
+    ctx, _ = build_context(rows)
+    (table,) = ctx.tables
+    assert {"nca", "simclr"} <= {e.recipe.loss for e in table.entries}
+    assert sorted(e.rank for e in table.entries) == list(range(1, len(table.entries) + 1))
+    # compared as if every row were single-BN: the same differences and tests
+    merged = compare(rows, "simclr").comparisons
+    plain = compare([as_aff(r, False) for r in domain], "simclr").comparisons
+    for metric in ("clean", "worst_case_Linf_0.032"):
+        a, b = _one(merged, "nca", metric=metric), _one(plain, "nca", metric=metric)
+        assert (a.diff, a.p, a.p_holm) == (b.diff, b.p, b.p_holm) and a.p is not None
+    # the same recipe under both readings (--aff-dual-bn off beside auto): two tables, as before
+    both = rows + [as_aff(r, False) for r in domain if r["loss"] == "nca"]
+    ctx, _ = build_context(both)
+    assert len(ctx.tables) == 2 and all(
+        sum(e.recipe.loss == "nca" for e in t.entries) == 1 for t in ctx.tables
+    )

@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 import textwrap
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import UserError
 from ..results.eps import eps_label
 from ..results.finetune import PROTOCOLS
-from ..results.rows import KEY_PARAMS, SETTINGS, ResultRow
+from ..results.rows import KEY_PARAMS, SETTINGS, ResultRow, protocol_hash
 from .fmt import MISSING
 from .metrics import MetricKey, Run, aa_gap, metric_key, metric_name, n_examples, run_of
 from .stats import Stat
@@ -90,10 +90,19 @@ class Entry:
     aa_gap: dict[float, Stat] = field(default_factory=dict)
     rank: int = 0
     uid: str = field(init=False)
+    # the protocol the entry is ranked and compared under (:func:`merge_aff_readings`): its own
+    # protocol_id, except for dual-BN TRADES rows, which rank with the single-BN encoders' AFF
+    rank_pid: str = field(init=False)
 
     def __post_init__(self) -> None:
         # stable across renders and row order: the browser test and deep links rely on it
         self.uid = "e" + _short_hash([self.recipe.recipe_id, self.protocol_id])
+        self.rank_pid = self.protocol_id
+
+    @property
+    def rank_protocol(self) -> dict[str, Any]:
+        """The protocol of :attr:`rank_pid` (without the resolved ``dual_bn`` where it was merged)."""
+        return self.protocol if self.rank_pid == self.protocol_id else ranked_protocol(self.protocol)
 
     @property
     def setting(self) -> str:
@@ -150,15 +159,39 @@ def protocol_context(protocol: Mapping[str, Any]) -> str:
     return _short_hash({k: v for k, v in protocol.items() if k not in ("dataset", "setting")})
 
 
-def table_key(r: ResultRow) -> tuple[str, str, str]:
+def table_key(r: ResultRow, protocol: Mapping[str, Any] | None = None) -> tuple[str, str, str]:
     """(setting, dataset, protocol) of the table a row is ranked in: shift variants of one
-    protocol context share a table, under the dataset they are made from."""
+    protocol context share a table, under the dataset they are made from. ``protocol``: the one
+    to rank under, where it is not the row's own (:attr:`Entry.rank_protocol`)."""
+    p = r.protocol if protocol is None else dict(protocol)
     if r.setting == "shift":
-        return (r.setting, r.dataset.split("@", 1)[0], protocol_context(r.protocol))
+        return (r.setting, r.dataset.split("@", 1)[0], protocol_context(p))
     if r.setting == "corruption":  # every corruption and severity of one protocol: one table
-        rest = {k: v for k, v in r.protocol.items() if k not in ("corruption", "severity")}
+        rest = {k: v for k, v in p.items() if k not in ("corruption", "severity")}
         return (r.setting, r.dataset, protocol_context(rest))
-    return (r.setting, r.dataset, r.protocol_id)
+    return (r.setting, r.dataset, r.protocol_id if protocol is None else protocol_hash(p))
+
+
+def ranked_protocol(protocol: Mapping[str, Any]) -> dict[str, Any]:
+    """``protocol`` without AFF's resolved ``dual_bn``: AFF as the authors and the RobustSSL
+    benchmark run it is dual-BN TRADES on a dual-BN encoder and TRADES otherwise (``dual_bn
+    auto``), one protocol whose tables rank both kinds of encoder together; the rows keep the
+    resolution in their identity (another computation, another row id)."""
+    ft = protocol.get("finetune")
+    if not isinstance(ft, Mapping) or ft.get("dual_bn") != "on":
+        return dict(protocol)
+    return {**protocol, "finetune": {k: v for k, v in ft.items() if k != "dual_bn"}}
+
+
+def merge_aff_readings(entries: Sequence[Entry]) -> None:
+    """Set each entry's :attr:`Entry.rank_pid`: dual-BN TRADES entries (``dual_bn: on``) rank with
+    the AFF entries of the same protocol otherwise (:func:`ranked_protocol`), unless the same recipe
+    was also measured there with ``dual_bn off`` (``--aff-dual-bn off``): then its two readings stay
+    in tables of their own, as before, rather than one recipe twice in one ranking."""
+    merged = {e.uid: protocol_hash(ranked_protocol(e.protocol)) for e in entries}
+    count = Counter((e.recipe.recipe_id, merged[e.uid]) for e in entries)
+    for e in entries:
+        e.rank_pid = merged[e.uid] if count[(e.recipe.recipe_id, merged[e.uid])] == 1 else e.protocol_id
 
 
 def _recipe(r: ResultRow) -> Recipe:
@@ -179,6 +212,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Entry], int]:
         dropped += n_dup
         entries.append(_entry(recipes[rid], pid, kept))
     entries.sort(key=lambda e: (e.recipe, e.setting, e.dataset, e.protocol_id))
+    merge_aff_readings(entries)
     return entries, dropped
 
 
@@ -314,7 +348,7 @@ class Table:
 
 
 def _table_of(e: Entry) -> tuple[str, str, str]:
-    return table_key(e.rows[0])
+    return table_key(e.rows[0], None if e.rank_pid == e.protocol_id else e.rank_protocol)
 
 
 def build_tables(entries: list[Entry]) -> list[Table]:
@@ -344,11 +378,12 @@ def _protocol_rank(t: Table) -> int:
 def _protocol_view(entries: list[Entry]) -> dict[tuple[str, ...], str]:
     """A table's protocol as display leaves (dataset left out: the shift variants differ in it)."""
     e = entries[0]
-    leaves = _leaves({k: v for k, v in e.protocol.items() if k not in ("dataset", "setting", "finetune")})
+    protocol = e.rank_protocol  # a merged AFF table's protocol: without the resolved dual_bn
+    leaves = _leaves({k: v for k, v in protocol.items() if k not in ("dataset", "setting", "finetune")})
     out = {p: _fmt_value(v) for p, v in leaves.items()}
     # the finetuning protocol as one leaf ("SLF", or "ALF (eps 0.0314, steps 10, ...)"): shown only
     # where tables differ in it, so SLF-only leaderboards render as before
-    ft = e.protocol.get("finetune") or {}
+    ft = protocol.get("finetune") or {}
     # a named finetuning recipe first, as name/method/dataset (eval/finetune_recipes.py)
     recipe = ft.get("recipe")
     named = [f"recipe {'/'.join(map(str, recipe.values()))}"] if isinstance(recipe, dict) else []

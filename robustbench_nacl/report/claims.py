@@ -231,7 +231,7 @@ def evaluate_claims(
     entries, _ = aggregate(validate_rows(rows))
     groups: dict[tuple, list[Entry]] = defaultdict(list)
     for e in entries:
-        groups[(e.setting, e.dataset, protocol_name(e.rows[0]), e.protocol_id)].append(e)
+        groups[(e.setting, e.dataset, protocol_name(e.rows[0]), e.rank_pid)].append(e)
     found = [_compare(groups, c) for c in claims]
     tosts = [
         tost_paired(comp.diffs, margin / 100) if comp is not None and c.kind == "no_cost" else None

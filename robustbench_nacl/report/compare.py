@@ -148,7 +148,7 @@ def compare_entries(base: Entry, cand: Entry, metric: str, label: str = "") -> C
     return Comparison(
         setting=cand.setting,
         dataset=cand.dataset,
-        protocol_id=cand.protocol_id,
+        protocol_id=cand.rank_pid,  # the protocol compared under (AFF readings merged, aggregate)
         metric=metric,
         metric_label=label or metric,
         baseline=base.recipe.label(),
@@ -313,7 +313,7 @@ class CompareResult:
 
 
 def _where(e: Entry) -> str:
-    return f"{e.setting} {e.dataset} (protocol {e.protocol_id[:8]})"
+    return f"{e.setting} {e.dataset} (protocol {e.rank_pid[:8]})"
 
 
 def compare(rows: Sequence[Any], baseline: str, *, baseline_recipe: str | None = None) -> CompareResult:
@@ -327,10 +327,10 @@ def compare(rows: Sequence[Any], baseline: str, *, baseline_recipe: str | None =
         )
     groups: dict[str, list[Entry]] = defaultdict(list)
     for e in entries:
-        groups[e.protocol_id].append(e)
+        groups[e.rank_pid].append(e)
     order = {s: i for i, s in enumerate(SETTINGS)}
     comps, notes = [], []
-    for group in sorted(groups.values(), key=lambda g: (order[g[0].setting], g[0].dataset, g[0].protocol_id)):
+    for group in sorted(groups.values(), key=lambda g: (order[g[0].setting], g[0].dataset, g[0].rank_pid)):
         base, note = select_baseline(group, baseline, baseline_recipe, where=_where(group[0]))
         notes += [note] if note else []
         if base is None:
@@ -345,7 +345,7 @@ def compare(rows: Sequence[Any], baseline: str, *, baseline_recipe: str | None =
     for pid in dict.fromkeys(c.protocol_id for c in comps):
         group = [c for c in comps if c.protocol_id == pid]
         notes += pairing_notes(group, f"{group[0].setting} {group[0].dataset} (protocol {pid[:8]})")
-    names = {e.protocol_id: protocol_name(e.rows[0]) for e in entries}
+    names = {e.rank_pid: protocol_name(e.rows[0]) for e in entries}
     return CompareResult(baseline, comps, notes, names)
 
 

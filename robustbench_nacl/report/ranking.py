@@ -136,7 +136,7 @@ def rank_tables(tables: list[Table], rank_by: str | None = None) -> None:
         table.rank_label = metric_label(metric, table.metric_keys)
         by_protocol: dict[str, list[Entry]] = defaultdict(list)
         for e in table.entries:
-            by_protocol[e.protocol_id].append(e)
+            by_protocol[e.rank_pid].append(e)
         for group in by_protocol.values():
             for i, e in enumerate(sorted(group, key=metric_rank_key(metric)), 1):
                 e.rank = i

@@ -130,7 +130,12 @@ def protocol_name(row: Mapping[str, Any]) -> str:
 
 def protocol_id(row: Mapping[str, Any]) -> str:
     """The hash of :func:`protocol_of`."""
-    return _hash(protocol_of(row), 16)
+    return protocol_hash(protocol_of(row))
+
+
+def protocol_hash(protocol: Mapping[str, Any]) -> str:
+    """The id of a protocol (a :func:`protocol_of` dict)."""
+    return _hash(dict(protocol), 16)
 
 
 def stamp_ids(data: Mapping[str, Any]) -> dict[str, Any]:
