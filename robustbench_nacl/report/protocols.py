@@ -31,8 +31,8 @@ DEFAULTS = {"alf": AlfConfig, "aff": AffConfig}
 # (setting, dataset, protocol context without the finetuning protocol; a named recipe is part of it)
 Group = tuple[str, str, str]
 # An ALF run whose clean test accuracy is more than this below SLF's on the same encoder and test
-# examples is marked: the RobustSSL benchmark's gap is 2-3 points (ACL 78.2 -> 75.5); a fitted head
-# of this board loses 6-10 (docs/decisions.md, 'Fitted ALF heads')
+# examples is marked: the RobustSSL benchmark's gap is 2-3 points (ACL 78.2 -> 75.5); most fitted
+# heads of the reference board lose 6-10 (docs/decisions.md, 'Fitted ALF heads')
 ALF_CLEAN_GAP = 0.10
 GAP_MARK = "↓"
 
