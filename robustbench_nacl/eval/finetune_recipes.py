@@ -89,54 +89,37 @@ _DYNACL_AFF = {
     "*": {"lr": 0.1, "batch_size": 128, "milestones": "15,20"},
     "stl10@96": {"lr": 0.1, "batch_size": 128, "milestones": "10,20"},
 }
+
+
+def _cut_10_20(c10: tuple, c100: tuple, stl96: tuple, stl32: tuple) -> dict[str, dict[str, Any]]:
+    """A linear mode's (lr, batch size[, epochs]) per benchmark dataset, lr cut at epochs 10 and 20."""
+    out = {}
+    for dataset, values in (("cifar10", c10), ("cifar100", c100), ("stl10@96", stl96), ("stl10@32", stl32)):
+        out[dataset] = {"lr": values[0], "batch_size": values[1], "milestones": "10,20"}
+        if len(values) > 2:
+            out[dataset]["epochs"] = values[2]
+    return out
+
+
 # The AIR variants (Xu et al. 2023) have branches of their own, with per-dataset quirks kept as
 # written: DynACL-AIR's CIFAR-10 SLF runs 5 epochs, DynACL-AIR++'s CIFAR-10 ALF 4; DynACL-AIR++'s
 # STL-10 (32 px) SLF/ALF sets nothing, leaving argparse's lr 0.1, batch 128; its CIFAR-10 AFF sets
 # ``args.epoch = 19``, an attribute nothing reads, so its AFF runs --epochs 25.
+_AIR_AFF = {"*": {"lr": 0.1, "batch_size": 128, "milestones": "15,20"}}
 _ACL_IR = {
-    "slf": {
-        "cifar10": {"lr": 0.005, "batch_size": 512, "milestones": "10,20"},
-        "cifar100": {"lr": 0.1, "batch_size": 512, "milestones": "10,20"},
-        "stl10@96": {"lr": 0.01, "batch_size": 512, "milestones": "10,20"},
-        "stl10@32": {"lr": 0.01, "batch_size": 128, "milestones": "10,20"},
-    },
-    "alf": {
-        "cifar10": {"lr": 0.01, "batch_size": 512, "milestones": "10,20"},
-        "cifar100": {"lr": 0.1, "batch_size": 512, "milestones": "10,20"},
-        "stl10@96": {"lr": 0.01, "batch_size": 512, "milestones": "10,20"},
-        "stl10@32": {"lr": 0.01, "batch_size": 128, "milestones": "10,20"},
-    },
+    "slf": _cut_10_20((0.005, 512), (0.1, 512), (0.01, 512), (0.01, 128)),
+    "alf": _cut_10_20((0.01, 512), (0.1, 512), (0.01, 512), (0.01, 128)),
     "aff": _ACL_AFF,
 }
 _DYNACL_AIR = {
-    "slf": {
-        "cifar10": {"lr": 0.01, "batch_size": 512, "milestones": "10,20", "epochs": 5},
-        "cifar100": {"lr": 0.1, "batch_size": 512, "milestones": "10,20"},
-        "stl10@96": {"lr": 0.1, "batch_size": 512, "milestones": "10,20"},
-        "stl10@32": {"lr": 0.01, "batch_size": 128, "milestones": "10,20"},
-    },
-    "alf": {
-        "cifar10": {"lr": 0.01, "batch_size": 512, "milestones": "10,20"},
-        "cifar100": {"lr": 0.1, "batch_size": 512, "milestones": "10,20"},
-        "stl10@96": {"lr": 0.1, "batch_size": 128, "milestones": "10,20"},
-        "stl10@32": {"lr": 0.01, "batch_size": 128, "milestones": "10,20"},
-    },
-    "aff": {"*": {"lr": 0.1, "batch_size": 128, "milestones": "15,20"}},
+    "slf": _cut_10_20((0.01, 512, 5), (0.1, 512), (0.1, 512), (0.01, 128)),
+    "alf": _cut_10_20((0.01, 512), (0.1, 512), (0.1, 128), (0.01, 128)),
+    "aff": _AIR_AFF,
 }
 _DYNACL_AIR_PP = {
-    "slf": {
-        "cifar10": {"lr": 0.01, "batch_size": 512, "milestones": "10,20"},
-        "cifar100": {"lr": 0.09, "batch_size": 512, "milestones": "10,20"},
-        "stl10@96": {"lr": 0.1, "batch_size": 512, "milestones": "10,20"},
-        "stl10@32": {"lr": 0.1, "batch_size": 128, "milestones": "10,20"},
-    },
-    "alf": {
-        "cifar10": {"lr": 0.01, "batch_size": 512, "milestones": "10,20", "epochs": 4},
-        "cifar100": {"lr": 0.1, "batch_size": 512, "milestones": "10,20"},
-        "stl10@96": {"lr": 0.1, "batch_size": 128, "milestones": "10,20"},
-        "stl10@32": {"lr": 0.1, "batch_size": 128, "milestones": "10,20"},
-    },
-    "aff": {"*": {"lr": 0.1, "batch_size": 128, "milestones": "15,20"}},
+    "slf": _cut_10_20((0.01, 512), (0.09, 512), (0.1, 512), (0.1, 128)),
+    "alf": _cut_10_20((0.01, 512, 4), (0.1, 512), (0.1, 128), (0.1, 128)),
+    "aff": _AIR_AFF,
 }
 _LATE_CUT_LINEAR = {"*": {"lr": 0.01, "batch_size": 512, "milestones": "15,20"}}  # AdvCL, A-InfoNCE, DeACL
 _ELSE = {"*": {"lr": 0.1, "batch_size": 128, "milestones": "15,20"}}  # the final else: every mode
