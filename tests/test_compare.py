@@ -281,3 +281,27 @@ def test_dual_bn_trades_rows_rank_and_compare_with_the_other_aff_rows(known: lis
     assert len(ctx.tables) == 2 and all(
         sum(e.recipe.loss == "nca" for e in t.entries) == 1 for t in ctx.tables
     )
+
+
+def test_a_recipe_under_both_aff_readings_gets_two_side_by_side_columns(known: list[dict[str, Any]]) -> None:
+    # the side-by-side table names no dual_bn in its columns; one recipe measured under both readings
+    # would put two entries in one cell, and one of them would vanish from the table
+    from robustbench_nacl.report import protocols
+    from robustbench_nacl.results.finetune import AffConfig
+
+    aff = AffConfig(max_train=64).identity()
+    domain = [r for r in known if r["setting"] == "in-domain"]
+    dual = [stamp_ids({**r, "finetune": {**aff, "dual_bn": "on"}}) for r in domain if r["loss"] == "nca"]
+    single = [stamp_ids({**r, "finetune": dict(aff)}) for r in domain]
+    ctx, _ = build_context(domain + dual + single)
+    (by,) = protocols.groups(ctx).values()
+    columns = {rid: sorted(cols) for rid, cols in by.items()}
+    nca = next(e.recipe.recipe_id for e in ctx.entries if e.recipe.loss == "nca")
+    dual_col, single_col = "AFF (max_train 64, dual-BN)", "AFF (max_train 64, single-BN)"
+    assert columns[nca] == [dual_col, single_col, "SLF"]
+    assert all(cols == ["AFF (max_train 64)", "SLF"] for rid, cols in columns.items() if rid != nca)
+    assert {by[nca][dual_col].protocol_id, by[nca][single_col].protocol_id} == {
+        r["protocol_id"] for r in dual + single if r["loss"] == "nca"
+    }
+    md = "\n".join(protocols.markdown_section(ctx))
+    assert f"{dual_col} clean" in md and f"{single_col} clean" in md

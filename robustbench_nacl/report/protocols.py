@@ -88,13 +88,39 @@ def has_protocols(ctx: Context) -> bool:
 def groups(ctx: Context) -> dict[Group, dict[str, dict[str, Entry]]]:
     """(setting, dataset, context) -> recipe id -> column -> entry, for groups of >1 protocol: a
     named finetuning recipe's entries get groups (tables) of their own."""
-    out: dict[Group, dict[str, dict[str, Entry]]] = defaultdict(lambda: defaultdict(dict))
+    found: dict[Group, dict[str, dict[str, list[Entry]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
     for e in ctx.entries:
         rest = {k: v for k, v in e.protocol.items() if k not in ("dataset", "setting", "finetune")}
         if recipe_name(e) != "uniform":  # the uniform recipe's groups keep their keys
             rest["finetune_recipe"] = recipe_name(e)
-        out[(e.setting, e.dataset, _short_hash(rest))][e.recipe.recipe_id][column_of(e)] = e
-    return {g: dict(by) for g, by in out.items() if len({p for v in by.values() for p in v}) > 1}
+        found[(e.setting, e.dataset, _short_hash(rest))][e.recipe.recipe_id][column_of(e)].append(e)
+    out: dict[Group, dict[str, dict[str, Entry]]] = {}
+    for g, by in found.items():
+        out[g] = {
+            rid: {_column_name(col, e, es): e for col, es in columns.items() for e in es}
+            for rid, columns in by.items()
+        }
+    return {g: by for g, by in out.items() if len({p for v in by.values() for p in v}) > 1}
+
+
+def _reading(e: Entry) -> str:
+    """``dual-BN`` or ``single-BN``: how AFF ran on the encoder."""
+    ft = e.protocol.get("finetune")
+    return "dual-BN" if isinstance(ft, dict) and ft.get("dual_bn") == "on" else "single-BN"
+
+
+def _column_name(column: str, e: Entry, sharing: list[Entry]) -> str:
+    """``column``, or when several entries of one recipe share it (AFF measured under both readings,
+    ``--aff-dual-bn off`` beside ``auto``: ``dual_bn`` is not shown by :func:`column_of`) the
+    column with the reading, or the protocol id where the readings agree, so no entry overwrites
+    another's cell."""
+    if len(sharing) == 1:
+        return column
+    readings = [_reading(x) for x in sharing]
+    tag = _reading(e) if len(set(readings)) == len(readings) else f"protocol {e.protocol_id[:8]}"
+    return f"{column[:-1]}, {tag})" if column.endswith(")") else f"{column} ({tag})"
 
 
 def robust_metric(entries: Iterable[Entry], headline: float | None = None) -> tuple[str, str] | None:
