@@ -166,6 +166,23 @@ def test_aff_resumes_bit_identically_after_a_kill_mid_epoch(tmp_path, monkeypatc
     assert (tmp_path / "b" / ft.WEIGHTS_DIR / f"{want}.safetensors").is_file()
 
 
+def test_an_unreadable_state_is_said_and_the_run_starts_over_to_the_same_weights(tmp_path, capsys) -> None:
+    # a truncated state file (a disk that filled up mid-write outside atomic_open, a foreign file)
+    # must not be trusted: the run starts from epoch 0 and ends where an unbroken run ends
+    train, seed = _train(32), 0
+    cfg = AffConfig(epochs=2, batch_size=16, steps=1, eps=0.1)
+    head0 = _head(32, 5, seed)
+    want = ft.save_weights(
+        tmp_path / "a", ft.ProbedClassifier(*ft.train_aff(_encoder(), head0, train, cfg, seed=seed))
+    )
+    state = tmp_path / "state.pt"
+    state.write_bytes(b"PK\x03\x04 not a torch file")
+    got = ft.train_aff(_encoder(), head0, train, cfg, seed=seed, state_path=state)
+    assert f"ignoring unreadable finetuning state {state}" in capsys.readouterr().out
+    assert ft.save_weights(tmp_path / "b", ft.ProbedClassifier(*got)) == want
+    assert torch.load(state, weights_only=True)["epoch"] == 2  # replaced by the run's own state
+
+
 def test_three_protocols_give_distinct_protocol_ids_and_slf_rows_do_not_change(tmp_path) -> None:
     probe = ProbeConfig(epochs=3, max_train=40)
     kw = dict(dataset="digits:0-4", suite=SUITE, n_examples=12, probe=probe, progress=False)

@@ -237,19 +237,19 @@ def test_the_output_loads_evaluates_and_is_another_recipe(parent: Path, child: P
 def test_a_killed_run_resumes_to_the_same_weights(
     parent: Path, child: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    save = lpaft._save_state
+    save = lpaft.save_state
 
-    def killed(stage: lpaft.Stage, opt: torch.optim.Optimizer, epoch: int) -> None:
-        save(stage, opt, epoch)
-        if stage.name == "aft" and epoch == 1:
+    def killed(path: Path | None, modules: dict, opt: torch.optim.Optimizer, epoch: int) -> None:
+        save(path, modules, opt, epoch)
+        if path is not None and path.name == "aft.pt" and epoch == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(lpaft, "_save_state", killed)
+    monkeypatch.setattr(lpaft, "save_state", killed)
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         post_process(parent, "dynacl++", out, overrides=TINY, device="cpu", progress=False)
     assert not (out / "manifest.json").exists() and (out / "post-state" / "aft.pt").is_file()
-    monkeypatch.setattr(lpaft, "_save_state", save)
+    monkeypatch.setattr(lpaft, "save_state", save)
     post_process(parent, "dynacl++", out, overrides=TINY, device="cpu", progress=False)
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (child, out))
     assert a["weights_sha256"] == b["weights_sha256"] and a["id"] == b["id"]

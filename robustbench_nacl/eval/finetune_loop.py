@@ -21,7 +21,16 @@ from tqdm.auto import tqdm
 from ..io import atomic_open
 from ..results.finetune import FinetuneConfig, milestones
 
-__all__ = ["Run", "augment_batch", "crop_padding", "epoch_generator", "lr_at", "run_epochs"]
+__all__ = [
+    "Run",
+    "augment_batch",
+    "crop_padding",
+    "epoch_generator",
+    "lr_at",
+    "resume_state",
+    "run_epochs",
+    "save_state",
+]
 
 
 def lr_at(cfg: FinetuneConfig, epoch: int) -> float:
@@ -88,7 +97,7 @@ def run_epochs(run: Run, step: Callable[[Tensor, Tensor, torch.Generator], None]
     state are saved atomically; a saved state is resumed from (loaded with ``weights_only=True``)."""
     cfg = run.cfg
     opt = torch.optim.SGD(run.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    start = _resume(run, opt)
+    start = resume_state(run.state_path, run.modules, opt, what="finetuning")
     device = run.params[0].device
     n, bs = len(run.x), min(cfg.batch_size, len(run.x))
     bar = tqdm(range(start, cfg.epochs), desc=cfg.protocol, disable=not run.progress, leave=False)
@@ -104,31 +113,40 @@ def run_epochs(run: Run, step: Callable[[Tensor, Tensor, torch.Generator], None]
             opt.step()
             opt.zero_grad(set_to_none=True)
         if (epoch + 1) % run.save_every == 0 or epoch + 1 == cfg.epochs:
-            _save_state(run, opt, epoch + 1)
+            save_state(run.state_path, run.modules, opt, epoch + 1)
 
 
-def _resume(run: Run, opt: torch.optim.Optimizer) -> int:
-    if run.state_path is None or not run.state_path.is_file():
+def resume_state(
+    path: Path | None, modules: dict[str, nn.Module], opt: torch.optim.Optimizer, *, what: str
+) -> int:
+    """Load a state saved by :func:`save_state` into ``modules`` and ``opt`` (``weights_only=True``)
+    and return the number of epochs it completed; 0 when there is none, or when it cannot be read
+    (a truncated or foreign file: start over rather than trust it, and say so)."""
+    if path is None or not path.is_file():
         return 0
     try:
-        state = torch.load(run.state_path, map_location="cpu", weights_only=True)
-        for name, module in run.modules.items():
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for name, module in modules.items():
             module.load_state_dict(state["modules"][name])
         opt.load_state_dict(state["optimizer"])
         return int(state["epoch"])
-    except Exception as e:  # a truncated or foreign file: start over rather than trust it
-        print(f"ignoring unreadable finetuning state {run.state_path} ({type(e).__name__}); starting over")
+    except Exception as e:
+        print(f"ignoring unreadable {what} state {path} ({type(e).__name__}); starting over")
         return 0
 
 
-def _save_state(run: Run, opt: torch.optim.Optimizer, epoch: int) -> None:
-    if run.state_path is None:
+def save_state(
+    path: Path | None, modules: dict[str, nn.Module], opt: torch.optim.Optimizer, epoch: int
+) -> None:
+    """Write the modules' and the optimiser's state after ``epoch`` epochs to ``path`` atomically (a
+    killed write leaves the previous state); nothing when ``path`` is None."""
+    if path is None:
         return
     state = {
         "epoch": epoch,
-        "modules": {k: m.state_dict() for k, m in run.modules.items()},
+        "modules": {k: m.state_dict() for k, m in modules.items()},
         "optimizer": opt.state_dict(),
     }
-    run.state_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(run.state_path, "wb") as f:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "wb") as f:
         torch.save(state, f)

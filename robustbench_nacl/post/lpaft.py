@@ -2,11 +2,11 @@
 head on the frozen encoder, then adversarial finetuning (AFT) of encoder and head with TRADES
 (DynACL ``LPAFT.py`` / ``LPAFT_AFF.py``, AIR ``LP-AFF.py``).
 
-The epoch loop is eval/finetune.py's in miniature (SGD with momentum, MultiStepLR, one generator per
-epoch seeded by ``(seed, stage, epoch)``, an atomic state after every epoch, so a killed run
-resumes bit-identically), plus what the authors' loaders do and that loop does not: crop+flip on
-every batch and ``drop_last=True``. It lives here until eval/finetune.py's loop takes augmentation
-(to be unified then).
+The epoch loop follows eval/finetune_loop.py's (SGD with momentum, MultiStepLR, one generator per
+epoch) and saves and resumes its state with that module's ``save_state`` / ``resume_state``, so a
+killed run resumes bit-identically. It differs where the authors' loaders do: ``drop_last=True``
+and the recipe's view maker on uint8 images; and its epoch generators are seeded by ``(seed,
+"post", stage, epoch)``, so the published "++" checkpoints stay what this loop trained.
 
 The TRADES attack of AFT starts where the recipe says (:data:`.recipes.TRADES_STARTS`). DynACL's
 ``trades_loss`` starts at ``x`` itself. There the KL divergence and, in exact arithmetic, its
@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..attack.rng import derive_seed
 from ..augment.views import VIEW_MAKERS
 from ..eval.finetune import trades_examples, trades_loss
-from ..io import atomic_open
+from ..eval.finetune_loop import resume_state, save_state
 from ..models.dual_bn import bn_route
 from .recipes import PostRecipe
 
@@ -75,7 +75,7 @@ def run_stage(
     """``stage.epochs`` epochs over uint8 images ``x`` and pseudo-labels ``y``: shuffled batches of
     ``recipe.batch_size`` (the last partial one dropped), augmented, ``step`` computing gradients."""
     opt = torch.optim.SGD(stage.params, lr=stage.lr, momentum=stage.momentum, weight_decay=stage.weight_decay)
-    start = _resume(stage, opt)
+    start = resume_state(stage.state_path, stage.modules, opt, what="post")
     device = stage.params[0].device
     n = len(x)
     bs = min(recipe.batch_size, n)
@@ -93,34 +93,7 @@ def run_stage(
             step(xb, y[idx].to(device), gen)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        _save_state(stage, opt, epoch + 1)
-
-
-def _resume(stage: Stage, opt: torch.optim.Optimizer) -> int:
-    if stage.state_path is None or not stage.state_path.is_file():
-        return 0
-    try:
-        state = torch.load(stage.state_path, map_location="cpu", weights_only=True)
-        for name, module in stage.modules.items():
-            module.load_state_dict(state["modules"][name])
-        opt.load_state_dict(state["optimizer"])
-        return int(state["epoch"])
-    except Exception as e:  # a truncated or foreign file: start over rather than trust it
-        print(f"ignoring unreadable post state {stage.state_path} ({type(e).__name__}); starting over")
-        return 0
-
-
-def _save_state(stage: Stage, opt: torch.optim.Optimizer, epoch: int) -> None:
-    if stage.state_path is None:
-        return
-    state = {
-        "epoch": epoch,
-        "modules": {k: m.state_dict() for k, m in stage.modules.items()},
-        "optimizer": opt.state_dict(),
-    }
-    stage.state_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(stage.state_path, "wb") as f:
-        torch.save(state, f)
+        save_state(stage.state_path, stage.modules, opt, epoch + 1)
 
 
 # ============ the steps ============
