@@ -48,9 +48,9 @@ def _train(n: int) -> ImageData:
 
 def _dual_encoder(seed: int = 0, route: str = "adv") -> nn.Module:
     """A tiny dual-BN encoder routed to ``route`` for evaluation ('adv': as an ACL checkpoint is
-    loaded; 'clean': a CLAE-style one), its two
-    branches' statistics and affine parameters made different, both with momentum 0.1 (the
-    authors' ``nn.BatchNorm2d`` default), so that every route matters."""
+    loaded; 'clean': a CLAE-style one), its two branches' statistics and affine parameters made
+    different, so that every route matters, and their momenta as a loaded checkpoint has them
+    (``convert_to_dual_bn``: the clean branch 0.1, the adversarial one 0.01)."""
     torch.manual_seed(seed)
     enc = nn.Sequential(
         Normalize(0.3, 0.4), nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
@@ -58,8 +58,8 @@ def _dual_encoder(seed: int = 0, route: str = "adv") -> nn.Module:
     )  # fmt: skip
     convert_to_dual_bn(enc)
     gen = torch.Generator().manual_seed(seed + 100)
+    assert (enc[2].main.momentum, enc[2].aux.momentum) == (0.1, 0.01)
     for bn in (enc[2].main, enc[2].aux):
-        bn.momentum = 0.1
         with torch.no_grad():
             bn.running_mean.copy_(torch.randn(8, generator=gen) * 0.3)
             bn.running_var.copy_(torch.rand(8, generator=gen) + 0.5)
@@ -78,6 +78,8 @@ class AuthorsNet(nn.Module):
         self.mean, self.std = enc[0].mean.clone(), enc[0].std.clone()
         self.conv = copy.deepcopy(enc[1])
         self.bn_list = nn.ModuleList([copy.deepcopy(enc[2].main), copy.deepcopy(enc[2].aux)])
+        for bn in self.bn_list:  # the authors' branches are nn.BatchNorm2d(dim): momentum 0.1
+            bn.momentum = 0.1
         self.fc = copy.deepcopy(head)
 
     def forward(self, x: torch.Tensor, bn_name: str) -> torch.Tensor:
@@ -179,6 +181,27 @@ def test_dual_bn_off_routes_everything_through_the_evaluated_branch_as_before() 
     assert not torch.equal(sd["2.aux.running_mean"], initial["2.aux.running_mean"])
     with pytest.raises(UserError, match="aff dual-bn on: the encoder has no dual BatchNorm"):
         ft.train_aff(nn.Sequential(nn.Flatten(), nn.Linear(64, 4)), head0, train, AffConfig(dual_bn="on"))
+
+
+def test_bn_momentum_encoder_keeps_the_loaded_branches_momenta_as_before() -> None:
+    # the switch back to every dual-BN AFF row before bn_momentum: the adversarial branch's running
+    # statistics move at 0.01, not the authors' 0.1; the default moves them at 0.1
+    train, seed = _train(16), 0
+    small = dict(epochs=1, batch_size=16, steps=1, eps=0.1)
+    head0 = ft.zero_head(32, 5, 0)
+    initial = _dual_encoder().state_dict()["2.aux.running_mean"]
+    moved = {}
+    for setting in ("authors", "encoder"):
+        enc, _ = ft.train_aff(
+            _dual_encoder(), head0, train, AffConfig(bn_momentum=setting, **small), seed=seed
+        )
+        moved[setting] = (enc.state_dict()["2.aux.running_mean"] - initial).abs().max().item()
+        assert (enc[2].main.momentum, enc[2].aux.momentum) == {"authors": (0.1, 0.1), "encoder": (0.1, 0.01)}[
+            setting
+        ]
+    assert moved["authors"] == pytest.approx(10 * moved["encoder"], rel=1e-4)  # one batch: m * (mean - old)
+    with pytest.raises(UserError, match="aff bn-momentum 'slow': choose one of authors, encoder"):
+        AffConfig(bn_momentum="slow").check()
 
 
 # RobustSSL_Benchmark Finetuning_Methods/Vanilla_Finetuning/utils.py, setup_hyperparameter, read at
@@ -344,6 +367,31 @@ def test_default_identities_keep_their_ids_and_dual_bn_rows_change() -> None:
     dual = planned_identities("digits:0-4", dual_bn=True, **kw)
     off = planned_identities("digits:0-4", dual_bn=True, aff=AffConfig(dual_bn="off"), **kw)
     assert single == off and all(d["finetune"]["dual_bn"] == "on" for d in dual) and dual != single
+    # dual-BN TRADES at the authors' BatchNorm momentum is another computation than the dual-BN rows
+    # before it (the adversarial branch at 0.01): another id, and bn_momentum encoder gives the old one
+    assert all(d["finetune"]["bn_momentum"] == "authors" for d in dual)
+    before = planned_identities("digits:0-4", dual_bn=True, aff=AffConfig(bn_momentum="encoder"), **kw)
+    assert all("bn_momentum" not in d["finetune"] for d in before + single)
+    assert [{**d["finetune"], "bn_momentum": "authors"} for d in before] == [d["finetune"] for d in dual]
+    assert planned_identities("digits:0-4", aff=AffConfig(bn_momentum="encoder"), **kw) == single
+
+
+def test_the_benchmarks_recipe_keeps_the_callers_dual_bn_switches() -> None:
+    # how AFF reads a dual-BN encoder is the caller's, as the budget is; every other setting the recipe's
+    spec = parse_spec("digits:0-4")
+
+    def aff(given: AffConfig) -> AffConfig:
+        return fr.FINETUNE_RECIPES["robustssl"].resolve(
+            "aff", fr.RecipeTarget("acl", spec, True, AlfConfig(), given)
+        )
+
+    assert (aff(AffConfig()).dual_bn, aff(AffConfig()).bn_momentum) == ("on", "authors")
+    assert aff(AffConfig(bn_momentum="encoder")).bn_momentum == "encoder"
+    assert aff(AffConfig(dual_bn="off", bn_momentum="encoder")).dual_bn == "off"
+    assert aff(AffConfig(max_train=64)).max_train == 64 and aff(AffConfig()).epochs == 100  # ACL's AFF
+    fr.check_recipe("robustssl", None, AffConfig(bn_momentum="encoder", dual_bn="off", max_train=64))
+    with pytest.raises(UserError, match="drop --aff-lr"):
+        fr.check_recipe("robustssl", None, AffConfig(lr=0.5, bn_momentum="encoder"))
 
 
 @pytest.mark.parametrize(

@@ -33,10 +33,11 @@ from ..attack.grad import input_grad
 from ..data import ImageData
 from ..errors import UserError
 from ..io import canonical_json, sha256_bytes, write_bytes_atomic
-from ..models.dual_bn import bn_route, has_dual_bn, set_bn_route
+from ..models.dual_bn import DualBatchNorm, bn_route, has_dual_bn, set_bn_route
 from ..models.features import extract_features, feature_scaler, knn_accuracy
 from ..results.finetune import (
     ALF_FITS,
+    BN_MOMENTA,
     PROTOCOLS,
     AffConfig,
     AlfConfig,
@@ -319,6 +320,13 @@ def train_aff(
     step_size = resolved_step(cfg)
     dual = dual_bn_on(cfg, has_dual_bn(model))
     clean, adv = DUAL_ROUTES if dual else (None, None)
+    if dual and (momentum := BN_MOMENTA[cfg.bn_momentum]) is not None:
+        # the authors' two branches are nn.BatchNorm2d (momentum 0.1); a loaded DualBatchNorm's
+        # adversarial branch has CLAE's 0.01, which over AFF's 200 steps here lags far behind the
+        # weights it normalises (docs/decisions.md, 'Finetuning protocols')
+        for m in model.modules():
+            if isinstance(m, DualBatchNorm):
+                m.main.momentum = m.aux.momentum = momentum
 
     def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
         model.eval()

@@ -159,6 +159,10 @@ def benchmark_dataset(spec: DatasetSpec) -> str:
     return spec.name if spec.name in ("cifar10", "cifar100") else "cifar10"
 
 
+#: the caller's settings a named recipe keeps: the training budget and how AFF reads a dual-BN encoder
+_PASS_THROUGH = ("max_train", "dual_bn", "bn_momentum")
+
+
 def _robustssl(protocol: str, t: RecipeTarget) -> FinetuneConfig:
     """The benchmark's settings of ``protocol`` for the target's method and dataset."""
     method = _method_name(t.method)
@@ -171,8 +175,8 @@ def _robustssl(protocol: str, t: RecipeTarget) -> FinetuneConfig:
     if "fit" in names:  # the benchmark's own reading: its epochs on raw features (set per dataset)
         values["fit"] = "off"
     given = t.alf if protocol == "alf" else t.aff if protocol == "aff" else None
-    if given is not None:  # the budget (max_train) and the dual-BN switch stay the caller's
-        values |= {k: getattr(given, k) for k in ("max_train", "dual_bn") if k in names}
+    if given is not None:  # the budget (max_train) and the dual-BN switches stay the caller's
+        values |= {k: getattr(given, k) for k in _PASS_THROUGH if k in names}
     recipe = (("name", "robustssl"), ("method", method), ("dataset", dataset))
     cfg = cls(**values, recipe=recipe)
     return resolve_dual_bn(cfg, t.dual_bn) if isinstance(cfg, AffConfig) else cfg
@@ -215,11 +219,11 @@ def parse_recipe(text: str | None) -> tuple[FinetuneRecipe, str | None]:
 
 def check_recipe(text: str | None, alf: AlfConfig | None, aff: AffConfig | None) -> None:
     """Before any work: the recipe exists, and a named recipe is not given ALF / AFF settings it
-    would silently replace (only ``max_train`` and ``dual_bn`` pass through)."""
+    would silently replace (only :data:`_PASS_THROUGH` does: the budget, the dual-BN switches)."""
     recipe, _ = parse_recipe(text)
     if recipe.name == DEFAULT_RECIPE:
         return
-    keep = {"max_train", "dual_bn"}
+    keep = set(_PASS_THROUGH)
     for given, default in ((alf, AlfConfig()), (aff, AffConfig())):
         if given is None:
             continue

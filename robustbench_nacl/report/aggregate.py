@@ -176,11 +176,12 @@ def ranked_protocol(protocol: Mapping[str, Any]) -> dict[str, Any]:
     """``protocol`` without AFF's resolved ``dual_bn``: AFF as the authors and the RobustSSL
     benchmark run it is dual-BN TRADES on a dual-BN encoder and TRADES otherwise (``dual_bn
     auto``), one protocol whose tables rank both kinds of encoder together; the rows keep the
-    resolution in their identity (another computation, another row id)."""
+    resolution in their identity (another computation, another row id), and with it the BatchNorm
+    momentum dual-BN TRADES trains its branches at (``bn_momentum``)."""
     ft = protocol.get("finetune")
     if not isinstance(ft, Mapping) or ft.get("dual_bn") != "on":
         return dict(protocol)
-    return {**protocol, "finetune": {k: v for k, v in ft.items() if k != "dual_bn"}}
+    return {**protocol, "finetune": {k: v for k, v in ft.items() if k not in ("dual_bn", "bn_momentum")}}
 
 
 def merge_aff_readings(entries: Sequence[Entry]) -> None:

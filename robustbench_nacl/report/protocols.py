@@ -51,9 +51,9 @@ def recipe_name(e: Entry) -> str:
     return str(recipe.get("name")) if isinstance(recipe, dict) else "uniform"
 
 
-#: identity keys no column names: ``dual_bn`` is how AFF resolved on the encoder (not a choice of
-#: settings), a named recipe's settings are the recipe's (its tables say which)
-_NOT_SHOWN = ("dual_bn", "recipe")
+#: identity keys no column names: ``dual_bn`` and ``bn_momentum`` are how AFF resolved on the encoder
+#: (not a choice of settings), a named recipe's settings are the recipe's (its tables say which)
+_NOT_SHOWN = ("dual_bn", "bn_momentum", "recipe")
 
 
 def column_of(e: Entry) -> str:

@@ -21,6 +21,10 @@ AUGMENTS = ("none", "crop-flip")
 #: the clean branch, x_adv through the adversarial one, that one evaluated), ``on`` = the same but an
 #: error on a single-BN encoder, ``off`` = every forward through the encoder's evaluated branch.
 DUAL_BN = ("auto", "on", "off")
+#: dual-BN TRADES: ``authors`` trains both BatchNorm branches at momentum 0.1 (the authors' and the
+#: benchmark's ``nn.BatchNorm2d`` default); ``encoder`` keeps the branches' momenta as loaded (the
+#: clean branch 0.1, the adversarial one 0.01, CLAE's: every dual-BN AFF row before the setting)
+BN_MOMENTA = {"authors": 0.1, "encoder": None}
 #: The training-set size the ALF recipe's epochs were set for: CIFAR-10's 50,000 training images
 #: (DynACL test_LF.py, the source of ``AlfConfig``'s defaults). A fitted ALF head keeps the recipe's
 #: number of SGD steps on a smaller training set (:func:`fitted_schedule`).
@@ -131,6 +135,8 @@ class AffConfig:
     augment: str = "none"  # none | crop-flip: training-image augmentation (the benchmark: crop-flip)
     # dual-BN encoders: auto | on = DynACL/benchmark dual-BN TRADES, the adv branch evaluated; off = one route
     dual_bn: str = "auto"
+    # dual-BN TRADES: authors = both BatchNorm branches at momentum 0.1; encoder = as loaded (aux 0.01)
+    bn_momentum: str = "authors"
     # the named recipe that resolved these settings, as (key, value) pairs; () when set by hand
     recipe: tuple[tuple[str, str], ...] = ()
 
@@ -143,6 +149,8 @@ class AffConfig:
             raise UserError(f"aff beta {self.beta!r}: must be a finite number >= 0")
         if self.dual_bn not in DUAL_BN:
             raise UserError(f"aff dual-bn {self.dual_bn!r}: choose one of {', '.join(DUAL_BN)}")
+        if self.bn_momentum not in BN_MOMENTA:
+            raise UserError(f"aff bn-momentum {self.bn_momentum!r}: choose one of {', '.join(BN_MOMENTA)}")
 
     def identity(self) -> dict[str, Any]:
         """What enters the rows' identity: every setting, the step size resolved."""
@@ -158,11 +166,16 @@ FinetuneConfig = SlfConfig | AlfConfig | AffConfig
 # different id), and "off" on a dual-BN encoder is the old computation (the old id).
 _LATE_FIELDS = {"max_train": (None,), "head_init": ("uniform",), "augment": ("none",)}
 _LATE_FIELDS |= {"recipe": ((),), "dual_bn": ("auto", "off")}
+# ``bn_momentum``: "encoder" is what every AFF row before it computed; it acts in dual-BN TRADES
+# alone, so only an identity with ``dual_bn: on`` (resolved, or set so) carries it
+_LATE_FIELDS |= {"bn_momentum": ("encoder",)}
 # ``fit`` (ALF): "off" is what every ALF row before it computed; its default, "fitted", is not, so
 # a default ALF row carries ``fit`` and a row without it reads as "off" (:data:`ABSENT_AS`)
 _LATE_FIELDS |= {"fit": ("off",)}
 #: what an identity that lacks a late field computed, where that differs from today's default
 ABSENT_AS: dict[str, Any] = {"fit": "off"}
+#: the same for AFF: a row without ``bn_momentum`` kept the encoder's momenta
+AFF_ABSENT_AS: dict[str, Any] = {"bn_momentum": "encoder"}
 
 
 def _identity(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -171,6 +184,8 @@ def _identity(cfg: FinetuneConfig) -> dict[str, Any]:
     out = {"protocol": cfg.protocol, **asdict(cfg)}
     if not isinstance(cfg, SlfConfig):
         out["step_size"] = resolved_step(cfg)
+    if isinstance(cfg, AffConfig) and cfg.dual_bn != "on":  # it acts in dual-BN TRADES alone
+        del out["bn_momentum"]
     for k, unchanged in _LATE_FIELDS.items():
         if k in out and out[k] in unchanged:
             del out[k]
@@ -226,14 +241,18 @@ def dual_bn_on(cfg: AffConfig, dual_encoder: bool) -> bool:
 
 def resolve_dual_bn(cfg: AffConfig, dual_encoder: bool) -> AffConfig:
     """``cfg`` with ``dual_bn`` resolved against the encoder (``on`` or ``off``), so that its identity
-    says what was computed: dual-BN TRADES rows carry ``dual_bn: on``, rows computed as before none."""
-    return replace(cfg, dual_bn="on" if dual_bn_on(cfg, dual_encoder) else "off")
+    says what was computed: dual-BN TRADES rows carry ``dual_bn: on`` (and ``bn_momentum: authors``
+    unless set to ``encoder``), rows computed as before neither. ``bn_momentum`` only acts in
+    dual-BN TRADES, so without it it resolves to ``encoder`` (nothing changed)."""
+    on = dual_bn_on(cfg, dual_encoder)
+    return replace(cfg, dual_bn="on" if on else "off", bn_momentum=cfg.bn_momentum if on else "encoder")
 
 
 def read_identity(ft: dict[str, Any]) -> dict[str, Any]:
     """A row's ``finetune`` identity with the late fields it lacks filled with what it computed
-    (:data:`ABSENT_AS`): an ALF row written before ``fit`` existed reads as ``fit: off``."""
-    absent = ABSENT_AS if ft.get("protocol") == "alf" else {}
+    (:data:`ABSENT_AS`, :data:`AFF_ABSENT_AS`): an ALF row written before ``fit`` existed reads as
+    ``fit: off``, an AFF row before ``bn_momentum`` as ``bn_momentum: encoder``."""
+    absent = {"alf": ABSENT_AS, "aff": AFF_ABSENT_AS}.get(str(ft.get("protocol")), {})
     return {**ft, **{k: v for k, v in absent.items() if k not in ft}}
 
 
