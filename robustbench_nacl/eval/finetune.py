@@ -33,7 +33,7 @@ from ..attack.grad import input_grad
 from ..data import ImageData
 from ..errors import UserError
 from ..io import canonical_json, sha256_bytes, write_bytes_atomic
-from ..models.dual_bn import DualBatchNorm, bn_route, has_dual_bn, set_bn_route
+from ..models.dual_bn import bn_route, has_dual_bn, set_bn_momentum, set_bn_route
 from ..models.features import extract_features, feature_scaler, knn_accuracy
 from ..results.finetune import (
     ALF_FITS,
@@ -324,9 +324,7 @@ def train_aff(
         # the authors' two branches are nn.BatchNorm2d (momentum 0.1); a loaded DualBatchNorm's
         # adversarial branch has CLAE's 0.01, which over AFF's 200 steps here lags far behind the
         # weights it normalises (docs/decisions.md, 'Finetuning protocols')
-        for m in model.modules():
-            if isinstance(m, DualBatchNorm):
-                m.main.momentum = m.aux.momentum = momentum
+        set_bn_momentum(model, momentum, main=momentum)
 
     def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
         model.eval()

@@ -92,6 +92,16 @@ def has_dual_bn(model: nn.Module) -> bool:
     return any(isinstance(m, DualBatchNorm) for m in model.modules())
 
 
+def set_bn_momentum(model: nn.Module, aux: float, main: float | None = None) -> None:
+    """Set the running-statistics momentum of every :class:`DualBatchNorm`'s adversarial branch to
+    ``aux`` and, when given, its clean branch to ``main``. Momentum is not in a state dict, so a
+    loaded encoder has :func:`convert_to_dual_bn`'s (0.1 and 0.01) until this says otherwise."""
+    for m in _dual_bns(model):
+        m.aux.momentum = aux
+        if main is not None:
+            m.main.momentum = main
+
+
 def set_bn_route(model: nn.Module, route: str) -> None:
     """Route every :class:`DualBatchNorm` in ``model`` to ``route`` ("clean" or "adv"), permanently."""
     _check_route(route)

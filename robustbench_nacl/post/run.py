@@ -28,7 +28,7 @@ from ..models.checkpoint import (
     save_weights,
     write_manifest,
 )
-from ..models.dual_bn import DualBatchNorm, has_dual_bn, set_bn_route
+from ..models.dual_bn import has_dual_bn, set_bn_momentum, set_bn_route
 from ..models.features import extract_features, knn_accuracy
 from ..models.foreign import load_encoder
 from ..models.foreign.ours import sibling_manifest
@@ -189,9 +189,8 @@ def _train(
 ) -> nn.Sequential:  # fmt: skip
     """LP then AFT on the pseudo-labels; returns (encoder, head) finetuned, eval mode, frozen.
     ``walls`` gets each stage's seconds (this process's: a resumed stage counts what it ran)."""
-    for m in encoder.modules():
-        if isinstance(m, DualBatchNorm):  # the authors' BatchNorms: torch's default momentum in both branches
-            m.main.momentum = m.aux.momentum = cfg.bn_momentum
+    # the authors' BatchNorms: torch's default momentum in both branches
+    set_bn_momentum(encoder, cfg.bn_momentum, main=cfg.bn_momentum)
     set_bn_route(encoder, cfg.train_route)
     device = next(encoder.parameters()).device
     encoder.eval().requires_grad_(False)

@@ -174,8 +174,6 @@ _LATE_FIELDS |= {"bn_momentum": ("encoder",)}
 _LATE_FIELDS |= {"fit": ("off",)}
 #: what an identity that lacks a late field computed, where that differs from today's default
 ABSENT_AS: dict[str, Any] = {"fit": "off"}
-#: the same for AFF: a row without ``bn_momentum`` kept the encoder's momenta
-AFF_ABSENT_AS: dict[str, Any] = {"bn_momentum": "encoder"}
 
 
 def _identity(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -242,17 +240,15 @@ def dual_bn_on(cfg: AffConfig, dual_encoder: bool) -> bool:
 def resolve_dual_bn(cfg: AffConfig, dual_encoder: bool) -> AffConfig:
     """``cfg`` with ``dual_bn`` resolved against the encoder (``on`` or ``off``), so that its identity
     says what was computed: dual-BN TRADES rows carry ``dual_bn: on`` (and ``bn_momentum: authors``
-    unless set to ``encoder``), rows computed as before neither. ``bn_momentum`` only acts in
-    dual-BN TRADES, so without it it resolves to ``encoder`` (nothing changed)."""
-    on = dual_bn_on(cfg, dual_encoder)
-    return replace(cfg, dual_bn="on" if on else "off", bn_momentum=cfg.bn_momentum if on else "encoder")
+    unless set to ``encoder``: :func:`_identity` keeps it for dual-BN TRADES alone), rows computed
+    as before neither."""
+    return replace(cfg, dual_bn="on" if dual_bn_on(cfg, dual_encoder) else "off")
 
 
 def read_identity(ft: dict[str, Any]) -> dict[str, Any]:
     """A row's ``finetune`` identity with the late fields it lacks filled with what it computed
-    (:data:`ABSENT_AS`, :data:`AFF_ABSENT_AS`): an ALF row written before ``fit`` existed reads as
-    ``fit: off``, an AFF row before ``bn_momentum`` as ``bn_momentum: encoder``."""
-    absent = {"alf": ABSENT_AS, "aff": AFF_ABSENT_AS}.get(str(ft.get("protocol")), {})
+    (:data:`ABSENT_AS`): an ALF row written before ``fit`` existed reads as ``fit: off``."""
+    absent = ABSENT_AS if ft.get("protocol") == "alf" else {}
     return {**ft, **{k: v for k, v in absent.items() if k not in ft}}
 
 

@@ -15,7 +15,7 @@ from ..data import normalization
 from ..errors import NonFiniteLoss
 from ..losses.adversarial import StepContext
 from ..losses.objectives import Objective
-from ..models.dual_bn import DualBatchNorm
+from ..models.dual_bn import set_bn_momentum
 from ..models.factory import create_encoder
 from ..models.heads import ContrastiveModel
 from .config import TrainConfig
@@ -45,9 +45,7 @@ def build_model(
     model = ContrastiveModel(encoder, params.head, out_dim=num_classes if need.labels else None)
     aux_momentum = params.extra_params().get("aux_bn_momentum")
     if aux_momentum is not None:  # ACL's two BatchNorms are alike (momentum 0.1), CLAE's aux uses 0.01
-        for m in model.modules():
-            if isinstance(m, DualBatchNorm):
-                m.aux.momentum = float(aux_momentum)
+        set_bn_momentum(model, float(aux_momentum))
     prepare = losses.OBJECTIVES.get(params.objective).prepare
     if prepare is not None:  # before any resumed state is loaded into the model (the trainer's order)
         prepare(model, params)
