@@ -63,6 +63,23 @@ def _rows(
     return out
 
 
+def test_a_post_processed_family_gains_kNN_from_its_parents_initialisation() -> None:
+    """A ++ manifest records its kNN after post-processing only; before training is its parent's."""
+    parents = [{**_manifest("dynacl", s, init=0.60 + s / 100), "id": f"d{s}"} for s in range(2)]
+    post = [
+        {**_manifest("dynacl++", s, final=0.75), "id": f"p{s}", "post": {"recipe": "dynacl++"},
+         "parent": {"id": f"d{s}"}}
+        for s in range(2)
+    ]  # fmt: skip
+    for m in post:
+        del m["knn_acc_init"]
+    fams = {f.name: f for f in hr.headroom([*parents, *post], []).families}
+    assert fams["dynacl++"].knn_init == pytest.approx(0.605) == fams["dynacl"].knn_init
+    assert fams["dynacl++"].knn_gain == pytest.approx(14.5)
+    with pytest.raises(UserError, match="p0 is post-processed from d0: give its manifest too"):
+        hr.headroom(post, [])
+
+
 def test_the_headroom_is_the_mean_of_the_seed_pairs_ratios_with_a_t_interval_over_them() -> None:
     control, supervised = {0: 0.80, 1: 0.80, 2: 0.80}, {0: 0.90, 1: 0.90, 2: 0.90}
     s = hr.scale({0: 0.85, 1: 0.86, 2: 0.84}, control, supervised)

@@ -148,6 +148,26 @@ def test_cost_counts_each_setting_once_and_the_worst_case_rows_not_at_all() -> N
     assert "| all | | | 521 s (0.1 h) | | |" in lines
 
 
+def test_cost_counts_a_record_with_two_torch_threads_as_two_cores() -> None:
+    two = "cpu (x86_64, AVX512, 2 torch threads)"
+    assert readme.cores({"device": two}) == 2
+    assert readme.cores({"device": "cpu (x86_64, AVX512, 1 torch thread)"}) == 1
+    assert readme.cores({"device": "NVIDIA H100 80GB HBM3"}) == readme.cores({}) == 1
+    rows = [
+        {"checkpoint_sha256": "a", "dataset": "in", "attack": "fgsm", "wall_s": 3.0, "probe_wall_s": 7.0,
+         "device": two},
+        {"checkpoint_sha256": "b", "dataset": "in", "attack": "fgsm", "wall_s": 3.0, "probe_wall_s": 7.0},
+    ]  # fmt: skip
+    lines = readme.cost([{"wall_s": 80.0, "device": two}, {"wall_s": 100.0}], rows).splitlines()
+    assert lines[2] == "| training | 2 | – | 260 s (0.1 h) | – | 130 s |"
+    assert lines[3] == "| SLF evaluation | 2 | 2 | 30 s (0.0 h) | 0 s (0.0 h) | 15 s |"
+    comp = {"attack": "autoattack", "wall_s": 50.0, "aa_components": "apgd-ce", "n_clean_correct": 4,
+            "aa_n_robust_after_apgd_ce": 1, "aa_wall_s_apgd_ce": 40.0,
+            "aa_forward_examples_apgd_ce": 9}  # fmt: skip
+    line = readme.aa_split([{**comp, "device": two}]).splitlines()[-1]
+    assert line == "| SLF | 1 | 0 s | 3 decided; 80 s, 9 forwarded | 20 s |"
+
+
 def test_family_parameters_are_what_every_recipe_of_a_family_shares_beyond_the_nacl_ones(
     tmp_path: Path,
 ) -> None:

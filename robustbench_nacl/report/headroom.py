@@ -62,7 +62,8 @@ class Point:
 @dataclass(frozen=True)
 class Family:
     """One family's checkpoints: their kNN accuracy before and after training (means over seeds,
-    from the manifests; None for the control, which has none) and their accuracies per seed."""
+    from the manifests, a ++ entry's before being its parent's; None for the control, which has
+    none) and their accuracies per seed."""
 
     name: str
     seeds: int
@@ -237,11 +238,23 @@ def headroom(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
     by_family: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for m in manifests:
         by_family[str(m["loss"])].append(m)
+    by_id = {str(m["id"]): m for m in manifests if "id" in m}
+
+    def knn_init(m: Mapping[str, Any]) -> float:
+        # a ++ entry starts from its parent's trained weights and records no kNN of its own before:
+        # its "before training" is its parent's, the same random initialisation
+        if "knn_acc_init" not in m and m.get("post"):
+            name = str(m["parent"]["id"])
+            if name not in by_id:
+                raise UserError(f"{m['id']} is post-processed from {name}: give its manifest too")
+            return knn_init(by_id[name])
+        return float(m["knn_acc_init"])
+
     fams = [
         Family(
             family,
             len(ms),
-            _mean(float(m["knn_acc_init"]) for m in ms),
+            _mean(knn_init(m) for m in ms),
             _mean(float(m["knn_acc"]) for m in ms),
             _by_seed(
                 (int(m["seed"]), points[m["weights_sha256"]][1]) for m in ms if m["weights_sha256"] in points

@@ -20,6 +20,7 @@ committed rows and compare.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -97,15 +98,25 @@ def _seconds(x: float) -> str:
     return f"{x:,.0f} s ({x / 3600:.1f} h)"
 
 
+_THREADS = re.compile(r"\b(\d+) torch threads?\b")
+
+
+def cores(record: Mapping[str, Any]) -> int:
+    """The CPU cores a row or manifest held: the torch threads its ``device`` names (``cpu (x86_64,
+    AVX512, 2 torch threads)``); 1 where it names none (a GPU, or a record without the field)."""
+    m = _THREADS.search(str(record.get("device") or ""))
+    return int(m.group(1)) if m else 1
+
+
 def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> str:
-    """A table of what each stage cost, in seconds of one core (every process ran one torch thread):
+    """A table of what each stage cost in core-seconds (:func:`cores` times the wall seconds):
     training from the manifests' ``wall_s`` (a post-processed entry's apart: its ++ post-processing);
     each protocol's evaluation from its rows, per setting the probe's or the finetuning's
     ``probe_wall_s`` plus each attack row's ``wall_s`` (the worst-case rows only add up the others,
     so they are not counted), AutoAttack's rows apart."""
     # a ++ entry is not trained: its manifest's wall_s is its post-processing of a trained parent
-    train = [float(m["wall_s"]) for m in manifests if not m.get("post")]
-    post = [float(m["wall_s"]) for m in manifests if m.get("post")]
+    train = [cores(m) * float(m["wall_s"]) for m in manifests if not m.get("post")]
+    post = [cores(m) * float(m["wall_s"]) for m in manifests if m.get("post")]
     lines = [
         "| stage | encoders | settings | core-seconds | of which AutoAttack | median per encoder |",
         "|---|---|---|---|---|---|",
@@ -119,9 +130,9 @@ def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any
     for r in rows:
         st = by.setdefault(protocol_name(r), {"fit": {}, "attack": 0.0, "aa": 0.0, "enc": {}})
         setting = (r["checkpoint_sha256"], r["dataset"])
-        st["fit"][setting] = float(r.get("probe_wall_s") or 0.0)
+        st["fit"][setting] = cores(r) * float(r.get("probe_wall_s") or 0.0)
         if r["attack"] != "worst_case":
-            wall = float(r.get("wall_s") or 0.0)
+            wall = cores(r) * float(r.get("wall_s") or 0.0)
             st["attack"] += wall
             st["aa"] += wall if r["attack"] == "autoattack" else 0.0
             st["enc"][r["checkpoint_sha256"]] = st["enc"].get(r["checkpoint_sha256"], 0.0) + wall
@@ -154,7 +165,8 @@ def _aa_row(st: dict[str, Any], r: Mapping[str, Any]) -> None:
     names = [c for c in str(r.get("aa_components", "")).split(",") if c]
     split = bool(names) and f"aa_wall_s_{names[0].replace('-', '_')}" in r
     st["n"] += 1
-    st["old"] += 0.0 if split else float(r.get("wall_s") or 0.0)
+    k = cores(r)
+    st["old"] += 0.0 if split else k * float(r.get("wall_s") or 0.0)
     before, spent = int(r.get("n_clean_correct") or 0), 0.0
     for c in names:
         key = c.replace("-", "_")
@@ -162,11 +174,11 @@ def _aa_row(st: dict[str, Any], r: Mapping[str, Any]) -> None:
         st["d"][c] = st["d"].get(c, 0) + before - after
         before = after
         if split:
-            st["s"][c] = st["s"].get(c, 0.0) + float(r[f"aa_wall_s_{key}"])
+            st["s"][c] = st["s"].get(c, 0.0) + k * float(r[f"aa_wall_s_{key}"])
             st["f"][c] = st["f"].get(c, 0) + int(r[f"aa_forward_examples_{key}"])
-            spent += float(r[f"aa_wall_s_{key}"])
+            spent += k * float(r[f"aa_wall_s_{key}"])
     if split:
-        st["rest"] = st.get("rest", 0.0) + float(r.get("wall_s") or 0.0) - spent
+        st["rest"] = st.get("rest", 0.0) + k * float(r.get("wall_s") or 0.0) - spent
 
 
 def aa_split(rows: Sequence[Mapping[str, Any]]) -> str:
