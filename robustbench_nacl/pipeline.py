@@ -13,7 +13,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,17 +289,27 @@ def expected_rows(entry: ZooEntry) -> int:
     return len(row_keys(entry))
 
 
-def rows_done(out: str | Path) -> dict[str, set[str]]:
+def rows_done(out: str | Path, current: Mapping[str, str] | None = None) -> dict[str, set[str]]:
     """The keys (:func:`row_key`) of the valid result rows under ``out/rows``, per checkpoint id
-    (unreadable, edited or foreign files are not counted: they are recomputed)."""
+    (unreadable, edited or foreign files are not counted: they are recomputed). ``current`` maps a
+    checkpoint id to the sha256 of its weights where they are known (:func:`current_sha256`): a row
+    of that id computed on other weights (the entry was retrained) is not counted either."""
     from .results.rows import read_valid_row
 
+    current = current or {}
     done: dict[str, set[str]] = {}
     for path in (Path(out) / "rows").glob("*.json"):
         row = read_valid_row(path, path.stem)
-        if row is not None:
-            done.setdefault(row.checkpoint_id, set()).add(row_key(row.to_json()))
+        if row is None or current.get(row.checkpoint_id, row.checkpoint_sha256) != row.checkpoint_sha256:
+            continue
+        done.setdefault(row.checkpoint_id, set()).add(row_key(row.to_json()))
     return done
+
+
+def current_sha256(entries: Iterable[ZooEntry], ckpts: str | Path) -> dict[str, str]:
+    """Entry id -> the sha256 of its weights under ``ckpts``, for the entries trained there: what
+    :func:`rows_done` checks a row's weights against."""
+    return {e.id: sha for e in entries if (sha := trained_sha256(e, ckpts)) is not None}
 
 
 def is_complete(entry: ZooEntry, done: dict[str, set[str]], control: bool = False) -> bool:

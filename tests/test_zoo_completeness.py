@@ -122,3 +122,34 @@ def test_a_retrained_entry_sets_its_old_rows_aside_and_is_evaluated_again(
     assert {r["checkpoint_sha256"] for r in rows if r["checkpoint_id"] == a.id} == {
         pipeline.trained_sha256(a, ck)
     }
+
+
+def test_zoo_eval_does_not_count_a_retrained_entrys_old_rows_as_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `zoo eval` (and `zoo status`) judge an entry done from its rows' keys, which leave the weights
+    # out: a retrained entry's old rows said "complete" and its new checkpoint was never evaluated
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
+    a = tiny_entry(tmp_path / "zoo", "simclr")
+    board, ck = tmp_path / "board", tmp_path / "ck"
+    where = ["--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress", "--no-controls"]
+    assert cli.main(["zoo", "run", *where]) == 0
+    old_sha, n = pipeline.trained_sha256(a, ck), len(_mtimes(board, a.id))
+    retrained = tiny_entry(tmp_path / "zoo", "simclr")
+    retrained.recipe["lr"] = 1e-3
+    zoo.write_entry(retrained, tmp_path / "zoo")
+    (ck / a.id / "manifest.json").unlink()
+    assert cli.main(["zoo", "train", "--zoo", "t", "--out", str(ck), "--no-progress", a.id]) == 0
+    new_sha = pipeline.trained_sha256(a, ck)
+    assert new_sha not in (None, old_sha)
+    current = pipeline.current_sha256([a], ck)
+    assert current == {a.id: new_sha} and a.id not in pipeline.rows_done(board, current)
+    assert pipeline.row_keys(a) <= pipeline.rows_done(board)[a.id]  # by key alone: "complete"
+    capsys.readouterr()
+    assert cli.main(["zoo", "eval", *where]) == 0
+    assert "complete: not evaluated again" not in capsys.readouterr().out
+    rows = [json.loads(p.read_text()) for p in (board / "rows").glob("*.json")]
+    shas = [r["checkpoint_sha256"] for r in rows if r["checkpoint_id"] == a.id]
+    assert shas.count(new_sha) == shas.count(old_sha) == n  # the old stay until `zoo run` sets them aside
+    assert cli.main(["zoo", "eval", *where]) == 0
+    assert "complete: not evaluated again" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import one_line
-from ..pipeline import rows_done
+from ..pipeline import current_sha256, rows_done
 from ..zoo import ZooEntry
 from .launchers import LAUNCHERS, Probe, Submitted
 from .records import job_error, read_record, record_path
@@ -43,10 +43,15 @@ def task_states(tasks: list[Task]) -> list[WorkState]:
             probes.update(
                 zip([k for k, _ in mine], LAUNCHERS.get(name).probe([r for _, r in mine]), strict=True)
             )
+    # a row counts for a trained entry only if it was computed on the weights trained now: a
+    # retrained entry's old rows have the same keys (a key leaves the weights out)
+    current: dict[str, dict[str, str]] = {}
+    for t in tasks:
+        current.setdefault(t.board, {}).update(current_sha256([t.entry], t.ckpts))
     out = []
     for t in tasks:
         if t.board not in rows:
-            rows[t.board] = rows_done(t.board)
+            rows[t.board] = rows_done(t.board, current[t.board])
         out.append(_state(t, rows[t.board], records[t.key], probes.get(t.key)))
     return out
 
