@@ -87,6 +87,16 @@ def test_a_changed_entry_recomputes_only_its_rows_and_the_board_shows_the_new_n(
     assert {n for loss, n in shown if loss == "debiased"} == {20}
 
 
+def _retrain(zoo_dir: Path, entry: zoo.ZooEntry, ck: Path) -> None:
+    """Train ``entry`` again under ``ck`` with another learning rate (as a preset's new defaults
+    would): the same id and row keys, other weights."""
+    retrained = tiny_entry(zoo_dir, entry.loss)
+    retrained.recipe["lr"] = 1e-3
+    zoo.write_entry(retrained, zoo_dir)
+    (ck / entry.id / "manifest.json").unlink()  # not trained any more: `zoo train` trains it again
+    assert cli.main(["zoo", "train", "--zoo", "t", "--out", str(ck), "--no-progress", entry.id]) == 0
+
+
 def test_a_retrained_entry_sets_its_old_rows_aside_and_is_evaluated_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -101,11 +111,7 @@ def test_a_retrained_entry_sets_its_old_rows_aside_and_is_evaluated_again(
     before = _mtimes(board, a.id)
     old_sha = pipeline.trained_sha256(a, ck)
     assert old_sha is not None and pipeline.superseded_rows([a], board, ckpts=ck) == []
-    retrained = tiny_entry(tmp_path / "zoo", "simclr")
-    retrained.recipe["lr"] = 1e-3
-    zoo.write_entry(retrained, tmp_path / "zoo")
-    (ck / a.id / "manifest.json").unlink()  # not trained any more: `zoo train` trains it again
-    assert cli.main(["zoo", "train", "--zoo", "t", "--out", str(ck), "--no-progress", a.id]) == 0
+    _retrain(tmp_path / "zoo", a, ck)
     assert pipeline.trained_sha256(a, ck) not in (None, old_sha)
     # without the checkpoints (rows committed alone), the rows stand for them: nothing is stale
     assert pipeline.superseded_rows([a], board) == []
@@ -135,11 +141,7 @@ def test_zoo_eval_does_not_count_a_retrained_entrys_old_rows_as_done(
     where = ["--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress", "--no-controls"]
     assert cli.main(["zoo", "run", *where]) == 0
     old_sha, n = pipeline.trained_sha256(a, ck), len(_mtimes(board, a.id))
-    retrained = tiny_entry(tmp_path / "zoo", "simclr")
-    retrained.recipe["lr"] = 1e-3
-    zoo.write_entry(retrained, tmp_path / "zoo")
-    (ck / a.id / "manifest.json").unlink()
-    assert cli.main(["zoo", "train", "--zoo", "t", "--out", str(ck), "--no-progress", a.id]) == 0
+    _retrain(tmp_path / "zoo", a, ck)
     new_sha = pipeline.trained_sha256(a, ck)
     assert new_sha not in (None, old_sha)
     current = pipeline.current_sha256([a], ck)
