@@ -129,6 +129,40 @@ def test_a_changed_published_card_or_pin_fails_verify(tmp_path: Path, published_
     assert status == "changed" and "model card 111111111111" in detail
 
 
+def test_a_republish_keeps_the_pinned_heads_of_kept_rows_and_drops_the_heads_no_row_attacks(
+    tmp_path: Path, published_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a regeneration keeps some entries' checkpoints and rows, whose heads were fitted by an earlier
+    # run and live only in the published set: publishing again takes them from there (checked against
+    # their pins), and a head no row attacks any more leaves the set (verify refuses unpinned heads)
+    tiny_entry(tmp_path / "zoo", "simclr")
+    ck, board = tmp_path / "ck", tmp_path / "board"
+    assert (
+        cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
+        == 0
+    )
+    argv = ["zoo", "publish", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board)]
+    assert cli.main(argv) == 0
+    heads = published_root / "t" / "heads"
+    pins = json.loads((published_root / "t" / "heads.json").read_text())
+    published = {p.name: p.read_bytes() for p in heads.iterdir()}
+    assert published and len(pins) == len(published)
+    shutil.rmtree(board / "heads")  # the board that fitted them is gone
+    (heads / ("0" * 24 + ".safetensors")).write_bytes(b"a head of a superseded checkpoint")
+    assert cli.main(argv) == 0
+    assert {p.name: p.read_bytes() for p in heads.iterdir()} == published
+    assert json.loads((published_root / "t" / "heads.json").read_text()) == pins
+    assert not (published_root / "t" / "heads.new").exists()
+    assert load.heads_problems(published_root / "t") == []
+    # a published copy that no longer matches its pin is not taken: one line, nothing swapped in
+    damaged = next(iter(sorted(heads.iterdir())))
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\x00")
+    capsys.readouterr()
+    assert cli.main(argv) != 0
+    assert "is missing (and the set holds no pinned copy)" in capsys.readouterr().err
+    assert len(list(heads.iterdir())) == len(published)
+
+
 def test_regenerate_keeps_a_pin_only_while_the_entry_trains_the_same_weights(tmp_path: Path) -> None:
     e = zoo.fashion_mnist_zoo()[0]
     path = tmp_path / f"{e.id}.json"

@@ -47,23 +47,46 @@ def _entry_rows(rows: list[ResultRow], checkpoint_id: str, entry: ZooEntry) -> l
 
 def _copy_heads(rows: list[ResultRow], board: Path, target: Path) -> None:
     """Copy the heads the rows attacked, and pin each one's sha256 in ``heads.json`` (a flipped byte in
-    a head changes a logit as silently as one in the weights: load_model and `zoo verify` check it)."""
+    a head changes a logit as silently as one in the weights: load_model and `zoo verify` check it).
+
+    A head the board does not hold is taken from the set's previous publication when that copy
+    matches its pin and was fitted on the same weights: a regeneration that keeps some entries'
+    checkpoints and rows (and so their heads) need not fit them again. The heads folder is written
+    anew beside the old one and swapped in, so heads no row attacks any more leave the set."""
     keys = {
         head_key(r["checkpoint_sha256"], r["setting"], r["dataset"], dict(r["probe_config"])): r for r in rows
     }
+    old = target / HEADS_DIR
+    old_pins = json.loads((target / HEAD_PINS).read_text()) if (target / HEAD_PINS).is_file() else {}
+    new = target / f"{HEADS_DIR}.new"
+    shutil.rmtree(new, ignore_errors=True)
+    new.mkdir(parents=True)
     pins = {}
     for key, r in sorted(keys.items()):
         src = head_path(board / HEADS_DIR, key)
         if not src.is_file():
-            raise UserError(f"{src} is missing: re-evaluate with `zoo eval` (it saves the fitted heads)")
-        shutil.copyfile(src, head_path(target / HEADS_DIR, key))
-        pins[key] = pin_head(target, key, r)
+            src = head_path(old, key)
+            pin = old_pins.get(key) or {}
+            if not (
+                src.is_file()
+                and pin.get("checkpoint_sha256") == r["checkpoint_sha256"]
+                and sha256_file(src) == pin.get("sha256")
+            ):
+                raise UserError(
+                    f"{head_path(board / HEADS_DIR, key)} is missing (and the set holds no pinned copy): "
+                    "re-evaluate with `zoo eval` (it saves the fitted heads)"
+                )
+        shutil.copyfile(src, head_path(new, key))
+        pins[key] = pin_head(new, key, r)
+    shutil.rmtree(old, ignore_errors=True)
+    new.rename(old)
     write_json_atomic(target / HEAD_PINS, pins)
 
 
-def pin_head(target: Path, key: str, row: ResultRow) -> dict[str, str]:
-    """The pin of one published head: its sha256, and the weights (id and sha256) it was fitted on."""
-    sha = sha256_file(head_path(target / HEADS_DIR, key))
+def pin_head(heads: Path, key: str, row: ResultRow) -> dict[str, str]:
+    """The pin of one published head (read from the folder ``heads``): its sha256, and the weights (id
+    and sha256) it was fitted on."""
+    sha = sha256_file(head_path(heads, key))
     return {
         "sha256": sha,
         "checkpoint_id": row["checkpoint_id"],
