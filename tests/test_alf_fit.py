@@ -156,10 +156,11 @@ def test_fit_is_in_the_identity_unless_off_and_rows_without_it_read_as_off() -> 
     off = AlfConfig(fit="off").identity()
     assert "fit" not in off and read_identity(off)["fit"] == "off"
     assert read_identity(AlfConfig().identity()) == AlfConfig().identity()
-    # the committed board's ALF rows: computed as 'off', their identity is that of fit off today
+    # the committed board's ALF rows (third edition): every one fitted on standardised features, the
+    # identity of the board's recipe today; no row of the second edition's unfitted heads is left
     alf = [r for r in load_rows(ROOT / "leaderboard") if protocol_name(r) == "alf"]
-    assert alf and all("fit" not in r["finetune"] for r in alf)
-    board = AlfConfig(max_train=1024, batch_size=128, fit="off").identity()
+    assert alf and all(r["finetune"]["fit"] == "standardized" for r in alf)
+    board = AlfConfig(max_train=1024, batch_size=128, fit="standardized").identity()
     assert {json.dumps(r["finetune"], sort_keys=True) for r in alf} == {json.dumps(board, sort_keys=True)}
 
 
