@@ -135,7 +135,7 @@ def test_a_republish_keeps_the_pinned_heads_of_kept_rows_and_drops_the_heads_no_
     # a regeneration keeps some entries' checkpoints and rows, whose heads were fitted by an earlier
     # run and live only in the published set: publishing again takes them from there (checked against
     # their pins), and a head no row attacks any more leaves the set (verify refuses unpinned heads)
-    tiny_entry(tmp_path / "zoo", "simclr")
+    e = tiny_entry(tmp_path / "zoo", "simclr")
     ck, board = tmp_path / "ck", tmp_path / "board"
     assert (
         cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
@@ -154,13 +154,16 @@ def test_a_republish_keeps_the_pinned_heads_of_kept_rows_and_drops_the_heads_no_
     assert json.loads((published_root / "t" / "heads.json").read_text()) == pins
     assert not (published_root / "t" / "heads.new").exists()
     assert load.heads_problems(published_root / "t") == []
-    # a published copy that no longer matches its pin is not taken: one line, nothing swapped in
+    # a published copy that no longer matches its pin is not taken: one line, and nothing of the set
+    # is written (the check runs before any model is copied: the card removed here stays removed)
     damaged = next(iter(sorted(heads.iterdir())))
     damaged.write_bytes(damaged.read_bytes()[:-1] + b"\x00")
+    card = published_root / "t" / "models" / e.id / "card.json"
+    card.unlink()
     capsys.readouterr()
     assert cli.main(argv) != 0
     assert "is missing (and the set holds no pinned copy)" in capsys.readouterr().err
-    assert len(list(heads.iterdir())) == len(published)
+    assert len(list(heads.iterdir())) == len(published) and not card.exists()
 
 
 def test_regenerate_keeps_a_pin_only_while_the_entry_trains_the_same_weights(tmp_path: Path) -> None:

@@ -45,27 +45,22 @@ def _entry_rows(rows: list[ResultRow], checkpoint_id: str, entry: ZooEntry) -> l
     return mine
 
 
-def _copy_heads(rows: list[ResultRow], board: Path, target: Path) -> None:
-    """Copy the heads the rows attacked, and pin each one's sha256 in ``heads.json`` (a flipped byte in
-    a head changes a logit as silently as one in the weights: load_model and `zoo verify` check it).
+def _head_sources(rows: list[ResultRow], board: Path, target: Path) -> dict[str, tuple[Path, ResultRow]]:
+    """Where each head the rows attacked comes from (head key -> file, a row that attacked it); writes
+    nothing, so a missing head stops ``zoo publish`` before it has changed the set.
 
     A head the board does not hold is taken from the set's previous publication when that copy
     matches its pin and was fitted on the same weights: a regeneration that keeps some entries'
-    checkpoints and rows (and so their heads) need not fit them again. The heads folder is written
-    anew beside the old one and swapped in, so heads no row attacks any more leave the set."""
+    checkpoints and rows (and so their heads) need not fit them again."""
     keys = {
         head_key(r["checkpoint_sha256"], r["setting"], r["dataset"], dict(r["probe_config"])): r for r in rows
     }
-    old = target / HEADS_DIR
     old_pins = json.loads((target / HEAD_PINS).read_text()) if (target / HEAD_PINS).is_file() else {}
-    new = target / f"{HEADS_DIR}.new"
-    shutil.rmtree(new, ignore_errors=True)
-    new.mkdir(parents=True)
-    pins = {}
+    sources = {}
     for key, r in sorted(keys.items()):
         src = head_path(board / HEADS_DIR, key)
         if not src.is_file():
-            src = head_path(old, key)
+            src = head_path(target / HEADS_DIR, key)
             pin = old_pins.get(key) or {}
             if not (
                 src.is_file()
@@ -76,6 +71,19 @@ def _copy_heads(rows: list[ResultRow], board: Path, target: Path) -> None:
                     f"{head_path(board / HEADS_DIR, key)} is missing (and the set holds no pinned copy): "
                     "re-evaluate with `zoo eval` (it saves the fitted heads)"
                 )
+        sources[key] = (src, r)
+    return sources
+
+
+def _copy_heads(sources: dict[str, tuple[Path, ResultRow]], target: Path) -> None:
+    """Copy the heads and pin each one's sha256 in ``heads.json`` (a flipped byte in a head changes a
+    logit as silently as one in the weights: load_model and `zoo verify` check it). The heads folder
+    is written anew beside the old one and swapped in, so heads no row attacks any more leave the set."""
+    old, new = target / HEADS_DIR, target / f"{HEADS_DIR}.new"
+    shutil.rmtree(new, ignore_errors=True)
+    new.mkdir(parents=True)
+    pins = {}
+    for key, (src, r) in sources.items():
         shutil.copyfile(src, head_path(new, key))
         pins[key] = pin_head(new, key, r)
     shutil.rmtree(old, ignore_errors=True)
@@ -136,19 +144,27 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
     """Publish every entry (and its control's rows) into the package's ``files/published/<name>``."""
     target, board = published_dir() / name, Path(board)
     all_rows = load_rows(board)
-    (target / HEADS_DIR).mkdir(parents=True, exist_ok=True)
-    keep: list[ResultRow] = []
+    # everything is checked before anything is written: a refusal leaves the set as it was
+    by_entry: list[tuple[ZooEntry, list[ResultRow]]] = []
     for e in entries:
         rows = _entry_rows(all_rows, e.id, e)
-        if rows[0]["checkpoint_sha256"] != sha256_file(checkpoint_dir(e, ckpts) / WEIGHTS):
-            raise UserError(
-                f"the rows of {e.id} were measured on other weights than {checkpoint_dir(e, ckpts)}"
-            )
-        publish_model(e, Path(ckpts), rows, target)
-        keep += rows
+        src = checkpoint_dir(e, ckpts)
+        manifest = read_manifest(src)
+        sha = sha256_file(src / manifest["weights"])
+        if sha != manifest["weights_sha256"]:
+            raise UserError(f"{src}: the weights do not match their manifest; retrain {e.id}")
+        if rows[0]["checkpoint_sha256"] != sha:
+            raise UserError(f"the rows of {e.id} were measured on other weights than {src}")
+        if problem := pinned_file_problem(src, manifest):
+            raise UserError(f"{problem}; re-run `zoo train`")
+        by_entry.append((e, rows))
+    keep = [r for _, rows in by_entry for r in rows]
     for cid in sorted({control_id(e) for e in entries}):
         keep += [r for r in all_rows if r["checkpoint_id"] == cid]
-    _copy_heads(keep, board, target)
+    heads = _head_sources(keep, board, target)
+    for e, rows in by_entry:
+        publish_model(e, Path(ckpts), rows, target)
+    _copy_heads(heads, target)
     # the path of the machine that measured them means nothing to a reader
     write_row_pack(
         target,
