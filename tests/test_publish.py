@@ -38,16 +38,22 @@ def published_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_published_copy(
-    tmp_path: Path, published_root: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # a corruption setting too: it attacks the in-domain head, which publishing must find
-    e = tiny_entry(tmp_path / "zoo", "simclr", corruptions="gaussian_noise", severities="1")
+def _run_zoo(tmp_path: Path) -> tuple[Path, Path]:
+    """Train and evaluate zoo ``t`` under ``tmp_path``: its checkpoints' folder and its board."""
     ck, board = tmp_path / "ck", tmp_path / "board"
     assert (
         cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
         == 0
     )
+    return ck, board
+
+
+def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_published_copy(
+    tmp_path: Path, published_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a corruption setting too: it attacks the in-domain head, which publishing must find
+    e = tiny_entry(tmp_path / "zoo", "simclr", corruptions="gaussian_noise", severities="1")
+    ck, board = _run_zoo(tmp_path)
     publish_argv = ["zoo", "publish", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board)]
     assert cli.main(publish_argv) == 0
     target = published_root / "t"
@@ -112,11 +118,7 @@ def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_publish
 
 def test_a_changed_published_card_or_pin_fails_verify(tmp_path: Path, published_root: Path) -> None:
     e = tiny_entry(tmp_path / "zoo", "simclr")
-    ck, board = tmp_path / "ck", tmp_path / "board"
-    assert (
-        cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
-        == 0
-    )
+    ck, board = _run_zoo(tmp_path)
     assert cli.main(["zoo", "publish", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board)]) == 0
     pinned = zoo.load_zoo("t")[0]
     assert verify.verify_entry(pinned, tmp_path / "none")[0] == "ok"
@@ -136,11 +138,7 @@ def test_a_republish_keeps_the_pinned_heads_of_kept_rows_and_drops_the_heads_no_
     # run and live only in the published set: publishing again takes them from there (checked against
     # their pins), and a head no row attacks any more leaves the set (verify refuses unpinned heads)
     e = tiny_entry(tmp_path / "zoo", "simclr")
-    ck, board = tmp_path / "ck", tmp_path / "board"
-    assert (
-        cli.main(["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress"])
-        == 0
-    )
+    ck, board = _run_zoo(tmp_path)
     argv = ["zoo", "publish", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board)]
     assert cli.main(argv) == 0
     heads = published_root / "t" / "heads"

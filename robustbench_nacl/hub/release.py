@@ -27,6 +27,7 @@ from ..results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
 from ..zoo import ZooEntry, checkpoint_dir, write_entry
 from .cards import bn_branch, card_of_rows, write_card
 from .catalog import CARD, HEAD_PINS, MODELS_DIR
+from .load import head_pins, head_problem
 
 #: The trainer's per-epoch log (kNN and quick-probe accuracy): published beside the weights.
 LOG = "log.jsonl"
@@ -55,18 +56,14 @@ def _head_sources(rows: list[ResultRow], board: Path, target: Path) -> dict[str,
     keys = {
         head_key(r["checkpoint_sha256"], r["setting"], r["dataset"], dict(r["probe_config"])): r for r in rows
     }
-    old_pins = json.loads((target / HEAD_PINS).read_text()) if (target / HEAD_PINS).is_file() else {}
+    old_pins = head_pins(target)
     sources = {}
     for key, r in sorted(keys.items()):
         src = head_path(board / HEADS_DIR, key)
         if not src.is_file():
             src = head_path(target / HEADS_DIR, key)
-            pin = old_pins.get(key) or {}
-            if not (
-                src.is_file()
-                and pin.get("checkpoint_sha256") == r["checkpoint_sha256"]
-                and sha256_file(src) == pin.get("sha256")
-            ):
+            fitted_on = old_pins.get(key, {}).get("checkpoint_sha256")
+            if fitted_on != r["checkpoint_sha256"] or head_problem(target, key, old_pins):
                 raise UserError(
                     f"{head_path(board / HEADS_DIR, key)} is missing (and the set holds no pinned copy): "
                     "re-evaluate with `zoo eval` (it saves the fitted heads)"
@@ -103,12 +100,10 @@ def pin_head(heads: Path, key: str, row: ResultRow) -> dict[str, str]:
 
 
 def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: Path) -> dict[str, Any]:
-    """Copy one entry's checkpoint and write its card; returns the card."""
+    """Copy one entry's checkpoint and write its card; returns the card. The weights are not checked
+    here: :func:`publish_zoo` checks every entry before it writes anything."""
     src = checkpoint_dir(entry, ckpts)
     manifest = read_manifest(src)
-    sha = sha256_file(src / manifest["weights"])
-    if sha != manifest["weights_sha256"]:
-        raise UserError(f"{src}: the weights do not match their manifest; retrain {entry.id}")
     dest = target / MODELS_DIR / entry.id
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / manifest["weights"], dest / WEIGHTS)
@@ -145,7 +140,7 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
     target, board = published_dir() / name, Path(board)
     all_rows = load_rows(board)
     # everything is checked before anything is written: a refusal leaves the set as it was
-    by_entry: list[tuple[ZooEntry, list[ResultRow]]] = []
+    by_entry: list[tuple[ZooEntry, list[ResultRow], str]] = []
     for e in entries:
         rows = _entry_rows(all_rows, e.id, e)
         src = checkpoint_dir(e, ckpts)
@@ -157,12 +152,12 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
             raise UserError(f"the rows of {e.id} were measured on other weights than {src}")
         if problem := pinned_file_problem(src, manifest):
             raise UserError(f"{problem}; re-run `zoo train`")
-        by_entry.append((e, rows))
-    keep = [r for _, rows in by_entry for r in rows]
+        by_entry.append((e, rows, sha))
+    keep = [r for _, rows, _ in by_entry for r in rows]
     for cid in sorted({control_id(e) for e in entries}):
         keep += [r for r in all_rows if r["checkpoint_id"] == cid]
     heads = _head_sources(keep, board, target)
-    for e, rows in by_entry:
+    for e, rows, _ in by_entry:
         publish_model(e, Path(ckpts), rows, target)
     _copy_heads(heads, target)
     # the path of the machine that measured them means nothing to a reader
@@ -174,8 +169,8 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
         ],
     )
     shutil.rmtree(target / ROWS_DIR, ignore_errors=True)  # one file per row, as sets were published before
-    for e in entries:  # the zoo manifests now name the weights their entries published
-        write_entry(replace(e, weights_sha256=sha256_file(checkpoint_dir(e, ckpts) / WEIGHTS)))
+    for e, _, sha in by_entry:  # the zoo manifests now name the weights their entries published
+        write_entry(replace(e, weights_sha256=sha))
     cover = {
         "zoo": name,
         "presets": sorted({e.loss for e in entries}),
