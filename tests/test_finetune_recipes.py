@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -205,8 +206,9 @@ def test_bn_momentum_encoder_keeps_the_loaded_branches_momenta_as_before() -> No
 
 
 # RobustSSL_Benchmark Finetuning_Methods/Vanilla_Finetuning/utils.py, setup_hyperparameter, read at
-# commit 19dc714f: (method, benchmark dataset, mode) -> (lr, batch size, lr milestones, epochs); the
-# epochs are vanilla_finetuning.py's --epochs 25 unless the branch sets them (ACL AFF: 100).
+# commit 19dc714f: (method, benchmark dataset, mode) -> (lr, batch size, lr milestones, epochs) under
+# run_vanilla_tune.sh's --mode ALL; the epochs are vanilla_finetuning.py's --epochs 25 unless the
+# branch, or an earlier mode's on the shared args, sets them (ACL AFF: 100; DynACL-AIR: SLF's 5).
 BENCHMARK = [
     ("ACL", "cifar10", "slf", 0.01, 512, "10,20", 25),
     ("ACL", "cifar100", "alf", 0.05, 512, "10,20", 25),
@@ -226,10 +228,11 @@ BENCHMARK = [
     ("DynACL-AIR", "cifar10", "slf", 0.01, 512, "10,20", 5),  # args.epochs = 5, as written
     ("DynACL-AIR", "cifar100", "slf", 0.1, 512, "10,20", 25),
     ("DynACL-AIR", "stl10@96", "alf", 0.1, 128, "10,20", 25),
-    ("DynACL-AIR", "cifar10", "aff", 0.1, 128, "15,20", 25),
+    ("DynACL-AIR", "cifar10", "alf", 0.01, 512, "10,20", 5),  # SLF's args.epochs = 5, carried over
+    ("DynACL-AIR", "cifar10", "aff", 0.1, 128, "15,20", 5),  # and again
     ("DynACL-AIR++", "cifar100", "slf", 0.09, 512, "10,20", 25),
     ("DynACL-AIR++", "cifar10", "alf", 0.01, 512, "10,20", 4),  # args.epochs = 4, as written
-    ("DynACL-AIR++", "cifar10", "aff", 0.1, 128, "15,20", 25),  # args.epoch = 19 sets nothing read
+    ("DynACL-AIR++", "cifar10", "aff", 0.1, 128, "15,20", 4),  # ALF's 4 (args.epoch = 19 is never read)
 ]
 
 
@@ -254,6 +257,98 @@ def test_robustssl_settings_are_setup_hyperparameters(method, dataset, mode, lr,
     if mode == "aff":
         assert cfg.beta == 6.0 and cfg.dual_bn == "on"  # trades_loss_dual's LAMBDA2 = 6; --dualBN 1
     assert dict(cfg.recipe) == {"name": "robustssl", "method": method, "dataset": dataset}
+
+
+def _setup_hyperparameter(args: SimpleNamespace, mode: str) -> SimpleNamespace:
+    """RobustSSL_Benchmark Vanilla_Finetuning/utils.py@19dc714f ``setup_hyperparameter``, transcribed
+    branch by branch (``bnNameCnt`` left out: ``get_model`` sets it afterwards)."""
+    d, r = args.dataset, args.resize
+
+    def linear(c10, c100, s96, s32):  # the per-dataset (batch, lr) lines of a linear branch
+        for cond, vals in ((d == "cifar10", c10), (d == "cifar100", c100), (d == "stl10" and r == 96, s96),
+                           (d == "stl10" and r == 32, s32)):  # fmt: skip
+            if cond and vals is not None:
+                args.batch_size, args.lr = vals[0], vals[1]
+                if len(vals) > 2:
+                    args.epochs = vals[2]
+
+    if args.pretraining == "ACL":
+        if mode in ("SLF", "ALF"):
+            linear((512, 0.01), (512, 0.05), (512, 0.1), (128, 0.01))
+            args.decreasing_lr = "10,20"
+        elif mode == "AFF":
+            args.lr, args.batch_size, args.epochs, args.decreasing_lr = 0.1, 128, 100, "40,60"
+    elif args.pretraining in ("DynACL", "DynACL++", "DynACL_RCS"):
+        if mode in ("SLF", "ALF"):
+            linear((512, 0.01), (512, 0.05), (512, 0.1), (128, 0.01))
+            args.decreasing_lr = "10,20"
+        elif mode == "AFF":
+            args.decreasing_lr = "10,20" if d == "stl10" and r == 96 else "15,20"
+            args.batch_size, args.lr = 128, 0.1
+    elif args.pretraining in ("AdvCL", "A-InfoNCE", "DeACL"):
+        if mode in ("SLF", "ALF"):
+            args.decreasing_lr, args.batch_size, args.lr = "15,20", 512, 0.01
+        elif mode == "AFF":
+            args.batch_size, args.decreasing_lr, args.lr = 128, "15,20", 0.1
+    elif args.pretraining == "ACL_IR":
+        if mode == "SLF":
+            linear((512, 0.005), (512, 0.1), (512, 0.01), (128, 0.01))
+            args.decreasing_lr = "10,20"
+        elif mode == "ALF":
+            linear((512, 0.01), (512, 0.1), (512, 0.01), (128, 0.01))
+            args.decreasing_lr = "10,20"
+        elif mode == "AFF":
+            args.lr, args.batch_size, args.epochs, args.decreasing_lr = 0.1, 128, 100, "40,60"
+    elif args.pretraining == "DynACL-AIR":
+        if mode == "SLF":
+            linear((512, 0.01, 5), (512, 0.1), (512, 0.1), (128, 0.01))
+            args.decreasing_lr = "10,20"
+        elif mode == "ALF":
+            linear((512, 0.01), (512, 0.1), (128, 0.1), (128, 0.01))
+            args.decreasing_lr = "10,20"
+        elif mode == "AFF":
+            args.batch_size, args.decreasing_lr, args.lr = 128, "15,20", 0.1
+    elif args.pretraining == "DynACL-AIR++":
+        if mode == "SLF":
+            linear((512, 0.01), (512, 0.09), (512, 0.1), None)
+            args.decreasing_lr = "10,20"
+        elif mode == "ALF":
+            linear((512, 0.01, 4), (512, 0.1), (128, 0.1), None)
+            args.decreasing_lr = "10,20"
+        elif mode == "AFF":
+            args.batch_size, args.decreasing_lr, args.lr = 128, "15,20", 0.1
+            if d == "cifar10":
+                args.epoch = 19  # sic: nothing reads args.epoch
+    else:
+        args.batch_size, args.decreasing_lr, args.lr = 128, "15,20", 0.1
+    return args
+
+
+_DATASETS = {"cifar10": ("cifar10", 32), "cifar100": ("cifar100", 32), "stl10@96": ("stl10", 96)}
+
+
+@pytest.mark.parametrize("method", list(fr.ROBUSTSSL))
+def test_robustssl_runs_every_mode_as_the_benchmarks_mode_all_does(method: str) -> None:
+    """vanilla_finetuning.py --mode ALL: setup_hyperparameter for SLF, then ALF, then AFF on one args
+    (argparse's defaults: lr 0.1, batch 128, 25 epochs, milestones 15,20); each mode runs with what
+    the args hold after its own call."""
+    for dataset, (name, resize) in _DATASETS.items():
+        args = SimpleNamespace(
+            pretraining=method,
+            dataset=name,
+            resize=resize,
+            lr=0.1,
+            batch_size=128,
+            epochs=25,
+            decreasing_lr="15,20",
+        )
+        for mode in ("SLF", "ALF", "AFF"):
+            args = _setup_hyperparameter(args, mode)
+            spec = {"cifar10": "cifar10", "cifar100": "cifar100", "stl10@96": "stl10"}[dataset]
+            target = fr.RecipeTarget(method, parse_spec(spec), True, AlfConfig(), AffConfig())
+            cfg = fr.FINETUNE_RECIPES["robustssl"].resolve(mode.lower(), target)
+            want = (args.lr, args.batch_size, args.decreasing_lr, args.epochs)
+            assert (cfg.lr, cfg.batch_size, cfg.milestones, cfg.epochs) == want, (method, dataset, mode)
 
 
 def test_robustssl_method_follows_the_checkpoints_family() -> None:

@@ -118,7 +118,7 @@ def test_the_features_come_from_the_clean_branch_and_differ_from_the_adversarial
     assert not torch.allclose(clean, adv, atol=1e-3)  # the two branches tell apart
     assert torch.equal(backbone_features(encoder, x), clean)
     assert all(m.route == "adv" for m in encoder.modules() if isinstance(m, DualBatchNorm))
-    for name in ("dynacl++", "air++"):
+    for name in ("dynacl++", "air++", "air++-2023-10"):
         assert resolve_recipe(name).feature_route == "clean"
 
 
@@ -134,7 +134,8 @@ def test_the_run_labels_with_the_recorded_seed_and_the_recipe_cluster_count(
     got = load_file(child / m["post"]["pseudo_labels"])["labels"]
     assert torch.equal(got, want.labels)
     assert m["post"]["cluster_sizes"] == torch.bincount(want.labels, minlength=10).tolist()
-    assert resolve_recipe("air++").clusters is None and resolve_recipe("air++").kmeans_tol == 1e-5
+    oct23 = resolve_recipe("air++-2023-10")  # AIR's October-2023 assign(): one cluster per class
+    assert oct23.clusters is None and oct23.kmeans_tol == 1e-5
 
 
 # ============ LP and AFT ============
@@ -167,7 +168,7 @@ def _routes_seen(model: nn.Module) -> list[tuple[str, bool]]:
     return seen
 
 
-@pytest.mark.parametrize("name", ["dynacl++", "air++"])
+@pytest.mark.parametrize("name", ["dynacl++", "air++", "air++-2023-10"])
 def test_the_aft_step_routes_each_forward_as_the_authors(parent: Path, name: str) -> None:
     encoder, _ = load_encoder(parent)
     set_bn_route(encoder, "adv")
@@ -177,9 +178,9 @@ def test_the_aft_step_routes_each_forward_as_the_authors(parent: Path, name: str
     lpaft.aft_step(model, recipe)(
         _digits(16).float() / 255, torch.arange(16) % 10, torch.Generator().manual_seed(0)
     )
-    # DynACL trades_loss: all through the single (= 'pgd') BN; AIR trades_loss_dual(natural_mode='pgd'):
-    # the attack's clean target through 'normal', x_adv and the outer loss through 'pgd'
-    target = "adv" if name == "dynacl++" else "clean"
+    # DynACL trades_loss and AIR's April-2023 trades_loss_dual(natural_mode='pgd'): all through the
+    # adversarial ('pgd') BN; AIR's October-2023 one: the attack's clean target through 'normal'
+    target = "clean" if name == "air++-2023-10" else "adv"
     assert seen == [(target, False), *[("adv", False)] * 3, ("adv", True), ("adv", True)]
 
 
@@ -191,8 +192,9 @@ def test_the_authors_single_bn_trades_starts_at_x_and_air_starts_at_x_plus_noise
         p_nat = F.softmax(model(x), dim=1)
     dyn = resolve_recipe("dynacl++", {"steps": 1})
     gen = torch.Generator().manual_seed(0)
-    # AIR (trades_start='randn'): TRADES' start x + 0.001 N(0,1), eval/finetune.py's trades_examples
-    air = resolve_recipe("air++", {"steps": 2})
+    # AIR's October 2023 (trades_start='randn'): TRADES' start x + 0.001 N(0,1), eval/finetune.py's
+    # trades_examples
+    air = resolve_recipe("air++-2023-10", {"steps": 2})
     want = ft.trades_examples(
         model, x, p_nat, eps=air.eps, step_size=air.step_size, steps=2, gen=torch.Generator().manual_seed(5)
     )
@@ -211,6 +213,146 @@ def test_the_authors_single_bn_trades_starts_at_x_and_air_starts_at_x_plus_noise
     )
 
 
+# ============ fidelity: AIR's LPAFT_AFF.py (April 2023) and LP-AFF.py (October 2023) ============
+
+
+class _AuthorsNet(nn.Module):
+    """The authors' dual-BN network interface, ``model(x, bn_name)`` with ``'normal'`` (our clean
+    branch) and ``'pgd'`` (our adversarial one), over our encoder and head."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Linear) -> None:
+        super().__init__()
+        self.encoder, self.fc = encoder, head
+
+    def forward(self, x: torch.Tensor, bn_name: str) -> torch.Tensor:
+        with bn_route(self, {"normal": "clean", "pgd": "adv"}[bn_name]):
+            return self.fc(self.encoder(x))
+
+
+def _authors_trades_loss_dual(
+    model: nn.Module, x_natural: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer,
+    reading: str, noise: torch.Tensor, step_size: float = 2 / 255, epsilon: float = 8 / 255,
+    perturb_steps: int = 10, beta: float = 6.0,
+) -> torch.Tensor:  # fmt: skip
+    """``trades_loss_dual`` as AIR's files call it from LPAFT_AFF.py's / LP-AFF.py's ``train()``:
+    April 2023 (utils.py@b28c1d67:389-425, ``natural_mode='pgd'``): start at x, attack target
+    ``model(x_natural, natural_mode)``; October 2023 (finetuning_utils.py@2c9ad3d:533-572): start at
+    ``x + 0.001 * torch.randn`` (``noise`` here, drawn by the caller), target ``model(x_natural,
+    'normal')``. Both: ``nn.KLDivLoss(size_average=False)`` (a sum), outer loss through
+    ``natural_mode`` and ``'pgd'``."""
+    natural_mode = "pgd"
+    batch_size = len(x_natural)
+    criterion_kl = nn.KLDivLoss(reduction="sum")
+    model.eval()
+    if reading == "2023-04":
+        x_adv = x_natural.detach()
+        target_mode = natural_mode
+    else:
+        x_adv = x_natural.detach() + 0.001 * noise.detach()
+        target_mode = "normal"
+    for _ in range(perturb_steps):
+        x_adv.requires_grad_()
+        with torch.enable_grad():
+            model.eval()
+            loss_kl = criterion_kl(
+                F.log_softmax(model(x_adv, "pgd"), dim=1), F.softmax(model(x_natural, target_mode), dim=1)
+            )
+        grad = torch.autograd.grad(loss_kl, [x_adv])[0]
+        x_adv = x_adv.detach() + step_size * torch.sign(grad.detach())
+        x_adv = torch.min(torch.max(x_adv, x_natural - epsilon), x_natural + epsilon)
+        x_adv = torch.clamp(x_adv, 0.0, 1.0)
+    x_adv = torch.clamp(x_adv, 0.0, 1.0).detach()
+    optimizer.zero_grad()
+    model.train()
+    logits = model(x_natural, natural_mode)
+    loss = F.cross_entropy(logits, y)
+    logits_adv = model(x_adv, "pgd")
+    loss_robust = (1.0 / batch_size) * criterion_kl(
+        F.log_softmax(logits_adv, dim=1), F.softmax(logits, dim=1)
+    )
+    return loss + beta * loss_robust
+
+
+def _aft_pair(parent: Path) -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]:
+    """Two identical (encoder, head) models at the authors' BatchNorm momentum, a batch, its labels."""
+    from robustbench_nacl.models.dual_bn import set_bn_momentum
+
+    models = []
+    for _ in range(2):
+        encoder, _ = load_encoder(parent)
+        set_bn_momentum(encoder, 0.1, main=0.1)
+        set_bn_route(encoder, "adv")
+        head = _head(encoder, seed=3)
+        with torch.no_grad():  # a head that predicts something (the authors' starts at zeros, then LP)
+            head.weight.mul_(5.0)
+        models.append(nn.Sequential(encoder, head))
+    x = _digits(48).float() / 255
+    return models[0], models[1], x, torch.arange(48) % 10
+
+
+def _authors_step(
+    model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, reading: str, noise: torch.Tensor
+) -> float:
+    net = _AuthorsNet(model[0], model[1])
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    loss = _authors_trades_loss_dual(net, x, y, opt, reading, noise)
+    loss.backward()
+    return float(loss.detach())
+
+
+def _ours_step(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, recipe: str, **sets: str) -> float:
+    loss = lpaft.aft_loss(model, x, y, resolve_recipe(recipe, sets or None), torch.Generator().manual_seed(9))
+    loss.backward()
+    return float(loss.detach())
+
+
+def _same_step(a: nn.Module, b: nn.Module, loss_a: float, loss_b: float) -> bool:
+    """Loss to 1e-9, every gradient (None for both where a parameter gets none: the clean branch's
+    BatchNorm affine) and every BatchNorm statistic after the step equal."""
+    pairs = list(zip(a.parameters(), b.parameters(), strict=True))
+    assert any(p.grad is not None for p, _ in pairs)
+    grads = all(
+        (p.grad is None and q.grad is None)
+        or (p.grad is not None and q.grad is not None and torch.allclose(p.grad, q.grad, rtol=0, atol=1e-9))
+        for p, q in pairs
+    )
+    buffers = all(torch.equal(u, v) for u, v in zip(a.buffers(), b.buffers(), strict=True))
+    return abs(loss_a - loss_b) <= 1e-9 and grads and buffers
+
+
+def test_air_plus_plus_is_the_april_2023_aft_step_and_not_the_clean_target_one(parent: Path) -> None:
+    ours, theirs, x, y = _aft_pair(parent)
+    a = _ours_step(ours, x, y, "air++")
+    b = _authors_step(theirs, x, y, "2023-04", torch.zeros_like(x))
+    assert _same_step(ours, theirs, a, b)
+    # the exported branch: the authors evaluate route 1 of ['normal', 'pgd'] (--bnNameCnt 1)
+    assert resolve_recipe("air++").export_route == "adv"
+    # the test tells the two readings apart: the clean-branch attack target alone breaks it
+    ours, theirs, x, y = _aft_pair(parent)
+    a = _ours_step(ours, x, y, "air++", attack_target_route="clean")
+    b = _authors_step(theirs, x, y, "2023-04", torch.zeros_like(x))
+    assert not _same_step(ours, theirs, a, b)
+
+
+def test_the_october_2023_reading_is_its_own_switch(parent: Path) -> None:
+    noise = torch.randn(48, 1, 8, 8, generator=torch.Generator().manual_seed(9))  # trades_examples' draw
+    ours, theirs, x, y = _aft_pair(parent)
+    a = _ours_step(ours, x, y, "air++-2023-10")
+    b = _authors_step(theirs, x, y, "2023-10", noise)
+    assert _same_step(ours, theirs, a, b)
+    oct23, apr23 = resolve_recipe("air++-2023-10"), resolve_recipe("air++")
+    assert (oct23.attack_target_route, oct23.trades_start, oct23.clusters, oct23.kmeans_tol) == (
+        "clean", "randn", None, 1e-5,
+    )  # fmt: skip
+    assert (apr23.attack_target_route, apr23.trades_start, apr23.clusters, apr23.kmeans_tol) == (
+        "adv",
+        "x",
+        10,
+        1e-4,
+    )
+    assert "cannot run" in oct23.source
+
+
 # ============ the checkpoint ============
 
 
@@ -218,6 +360,7 @@ def test_the_output_loads_evaluates_and_is_another_recipe(parent: Path, child: P
     m = json.loads((child / "manifest.json").read_text())
     p = json.loads((parent / "manifest.json").read_text())
     assert m["parent"]["id"] == p["id"] and m["parent"]["weights_sha256"] == p["weights_sha256"]
+    assert str(parent) not in json.dumps(m)  # provenance by id and sha256, no path of this machine
     assert m["loss"] == "dynacl++" and m["eval_bn_route"] == "adv" and m["dual_bn"] is True
     assert m["training_config"]["post"]["name"] == "dynacl++"
     enc, info = load_encoder(child)
@@ -253,6 +396,10 @@ def test_a_killed_run_resumes_to_the_same_weights(
     post_process(parent, "dynacl++", out, overrides=TINY, device="cpu", progress=False)
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (child, out))
     assert a["weights_sha256"] == b["weights_sha256"] and a["id"] == b["id"]
+    # the branch agreement after LP and after each AFT epoch, the killed epoch's kept across the resume
+    assert a["post"]["aft_monitor"] == b["post"]["aft_monitor"]
+    assert [r["epoch"] for r in b["post"]["aft_monitor"]] == [0, 1, 2]
+    assert all(0 <= r["agreement"] <= 1 and -1 <= r["feature_cosine"] <= 1 for r in b["post"]["aft_monitor"])
     assert not (out / "post-state").exists()
 
 

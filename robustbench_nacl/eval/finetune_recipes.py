@@ -102,9 +102,11 @@ def _cut_10_20(c10: tuple, c100: tuple, stl96: tuple, stl32: tuple) -> dict[str,
 
 
 # The AIR variants (Xu et al. 2023) have branches of their own, with per-dataset quirks kept as
-# written: DynACL-AIR's CIFAR-10 SLF runs 5 epochs, DynACL-AIR++'s CIFAR-10 ALF 4; DynACL-AIR++'s
+# written: DynACL-AIR's CIFAR-10 SLF sets 5 epochs, DynACL-AIR++'s CIFAR-10 ALF 4; DynACL-AIR++'s
 # STL-10 (32 px) SLF/ALF sets nothing, leaving argparse's lr 0.1, batch 128; its CIFAR-10 AFF sets
-# ``args.epoch = 19``, an attribute nothing reads, so its AFF runs --epochs 25.
+# ``args.epoch = 19``, an attribute nothing reads. What a mode runs is what the modes before it left
+# in the shared ``args`` (:func:`_carried`): DynACL-AIR's CIFAR-10 ALF and AFF run 5 epochs too,
+# DynACL-AIR++'s CIFAR-10 AFF 4.
 _AIR_AFF = {"*": {"lr": 0.1, "batch_size": 128, "milestones": "15,20"}}
 _ACL_IR = {
     "slf": _cut_10_20((0.005, 512), (0.1, 512), (0.01, 512), (0.01, 128)),
@@ -147,6 +149,9 @@ LOSS_TO_METHOD = {
     "dynacl_air++": "DynACL-AIR++",
 }
 _BASE = {"epochs": 25, "momentum": 0.9, "weight_decay": 2e-4, "gamma": 0.1, "head_init": "zeros"}
+#: ``run_vanilla_tune.sh`` runs every method with ``--mode ALL``: vanilla_finetuning.py calls
+#: ``setup_hyperparameter(args, mode)`` for SLF, then ALF, then AFF on one shared ``args``
+_MODE_ORDER = ("slf", "alf", "aff")
 _ADV = {"eps": 8 / 255, "step_size": 2 / 255, "steps": 10, "beta": 6.0}  # beta: AFF only
 _CONFIGS: dict[str, type] = {"slf": SlfConfig, "alf": AlfConfig, "aff": AffConfig}
 
@@ -167,8 +172,7 @@ def _robustssl(protocol: str, t: RecipeTarget) -> FinetuneConfig:
     """The benchmark's settings of ``protocol`` for the target's method and dataset."""
     method = _method_name(t.method)
     dataset = benchmark_dataset(t.dataset)
-    by_dataset = ROBUSTSSL[method][protocol]
-    values = {**_BASE, **by_dataset.get(dataset, by_dataset.get("*", {}))}
+    values = _carried(method, dataset, protocol)
     cls = _CONFIGS[protocol]
     names = {f.name for f in fields(cls)}
     values |= {k: v for k, v in _ADV.items() if k in names} | {"augment": "crop-flip"}
@@ -180,6 +184,17 @@ def _robustssl(protocol: str, t: RecipeTarget) -> FinetuneConfig:
     recipe = (("name", "robustssl"), ("method", method), ("dataset", dataset))
     cfg = cls(**values, recipe=recipe)
     return resolve_dual_bn(cfg, t.dual_bn) if isinstance(cfg, AffConfig) else cfg
+
+
+def _carried(method: str, dataset: str, protocol: str) -> dict[str, Any]:
+    """The settings ``protocol`` runs with under the benchmark's ``--mode ALL``: argparse's defaults,
+    then what SLF's branch sets, then ALF's, ... up to ``protocol``'s own (a setting a branch leaves
+    alone keeps what an earlier mode set: DynACL-AIR's CIFAR-10 ALF and AFF run SLF's 5 epochs)."""
+    values = dict(_BASE)
+    for mode in _MODE_ORDER[: _MODE_ORDER.index(protocol) + 1]:
+        by_dataset = ROBUSTSSL[method][mode]
+        values |= by_dataset.get(dataset, by_dataset.get("*", {}))
+    return values
 
 
 def _method_name(method: str | None) -> str:

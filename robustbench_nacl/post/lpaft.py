@@ -34,7 +34,10 @@ from ..eval.finetune_loop import resume_state, save_state
 from ..models.dual_bn import bn_route
 from .recipes import PostRecipe
 
-Step = Callable[[Tensor, Tensor, torch.Generator], None]
+#: one batch's step: computes the gradients, returns the loss (detached, for the epoch's log)
+Step = Callable[[Tensor, Tensor, torch.Generator], Tensor]
+#: called after each epoch with (epoch number, 1-based; the epoch's mean loss): the stage's monitor
+EpochHook = Callable[[int, float], None]
 
 
 @dataclass
@@ -70,10 +73,19 @@ def aft_stage(recipe: PostRecipe, model: nn.Module, state_path: Path | None) -> 
 
 
 def run_stage(
-    stage: Stage, x: Tensor, y: Tensor, step: Step, *, recipe: PostRecipe, seed: int, progress: bool = False
-) -> None:
+    stage: Stage,
+    x: Tensor,
+    y: Tensor,
+    step: Step,
+    *,
+    recipe: PostRecipe,
+    seed: int,
+    progress: bool = False,
+    on_epoch: EpochHook | None = None,
+) -> int:
     """``stage.epochs`` epochs over uint8 images ``x`` and pseudo-labels ``y``: shuffled batches of
-    ``recipe.batch_size`` (the last partial one dropped), augmented, ``step`` computing gradients."""
+    ``recipe.batch_size`` (the last partial one dropped), augmented, ``step`` computing gradients.
+    ``on_epoch`` runs after each epoch, before its state is saved. Returns the epoch it resumed at."""
     opt = torch.optim.SGD(stage.params, lr=stage.lr, momentum=stage.momentum, weight_decay=stage.weight_decay)
     start = resume_state(stage.state_path, stage.modules, opt, what="post")
     device = stage.params[0].device
@@ -87,13 +99,17 @@ def run_stage(
             g["lr"] = stage.lr * stage.gamma ** sum(1 for m in stage.milestones if epoch >= m)
         gen = torch.Generator(device="cpu").manual_seed(derive_seed(seed, "post", stage.name, epoch))
         perm = torch.randperm(n, generator=gen)
+        total = torch.zeros((), device=device)
         for i in range(n // bs):  # drop_last=True, as the authors' loaders
             idx = perm[i * bs : (i + 1) * bs]
             (xb,) = augment(x[idx].to(device), 1, gen)
-            step(xb, y[idx].to(device), gen)
+            total += step(xb, y[idx].to(device), gen)
             opt.step()
             opt.zero_grad(set_to_none=True)
+        if on_epoch is not None:
+            on_epoch(epoch + 1, float(total) / (n // bs))  # one host sync per epoch
         save_state(stage.state_path, stage.modules, opt, epoch + 1)
+    return start
 
 
 # ============ the steps ============
@@ -102,11 +118,13 @@ def run_stage(
 def lp_step(encoder: nn.Module, head: nn.Linear) -> Step:
     """Cross-entropy of the head on the frozen encoder's features (eval mode, the encoder's route)."""
 
-    def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
+    def step(x: Tensor, y: Tensor, gen: torch.Generator) -> Tensor:
         encoder.eval()
         with torch.no_grad():
             f = encoder(x)
-        F.cross_entropy(head(f), y).backward()
+        loss = F.cross_entropy(head(f), y)
+        loss.backward()
+        return loss.detach()
 
     return step
 
@@ -133,21 +151,50 @@ def trades_attack(
     return x_adv.detach()
 
 
-def aft_step(model: nn.Module, recipe: PostRecipe) -> Step:
-    """One TRADES step on pseudo-labels: the clean target in eval mode through
-    ``recipe.attack_target_route``, the attack in eval mode through the model's route (the
-    adversarial one), then the outer loss in train mode (``CE(f(x), y) + beta KL / B``, both
-    forwards through the model's route: ``trades_loss`` / ``trades_loss_dual(natural_mode='pgd')``)."""
-
-    def step(x: Tensor, y: Tensor, gen: torch.Generator) -> None:
-        model.eval()
-        with torch.no_grad(), bn_route(model, recipe.attack_target_route):
-            p_nat = F.softmax(model(x), dim=1)
+def aft_loss(model: nn.Module, x: Tensor, y: Tensor, recipe: PostRecipe, gen: torch.Generator) -> Tensor:
+    """TRADES on pseudo-labels: the attack's clean target in eval mode through
+    ``recipe.attack_target_route``, the attack in eval mode through ``recipe.train_route``, then the
+    outer loss in train mode (``CE(f(x), y) + beta KL / B``, both forwards through
+    ``recipe.train_route``). DynACL's ``trades_loss`` and AIR's April-2023 ``trades_loss_dual
+    (natural_mode='pgd')`` put all of it through the adversarial branch; AIR's October-2023 one aims
+    the attack at the clean branch's prediction (``attack_target_route='clean'``)."""
+    model.eval()
+    with torch.no_grad(), bn_route(model, recipe.attack_target_route):
+        p_nat = F.softmax(model(x), dim=1)
+    with bn_route(model, recipe.train_route):
         x_adv = trades_attack(model, x, p_nat, recipe, gen)
         model.train()
-        trades_loss(model, x, x_adv, y, recipe.beta).backward()
+        return trades_loss(model, x, x_adv, y, recipe.beta)
+
+
+def aft_step(model: nn.Module, recipe: PostRecipe) -> Step:
+    """One AFT step: :func:`aft_loss`, backward."""
+
+    def step(x: Tensor, y: Tensor, gen: torch.Generator) -> Tensor:
+        loss = aft_loss(model, x, y, recipe, gen)
+        loss.backward()
+        return loss.detach()
 
     return step
+
+
+@torch.no_grad()
+def branch_agreement(model: nn.Module, x: Tensor) -> dict[str, float]:
+    """How far the two BatchNorm branches of ``model`` (encoder, head) have drifted apart on images
+    ``x`` in [0,1], eval mode: the fraction of images whose predicted pseudo-class is the same
+    through both, and the mean cosine of the two branches' features. AFT trains the adversarial
+    branch only; a clean branch left behind makes a clean-branch attack target meaningless."""
+    was_training = model.training
+    model.eval()
+    encoder, head = model[0], model[1]
+    with bn_route(model, "clean"):
+        f_clean = encoder(x)
+    with bn_route(model, "adv"):
+        f_adv = encoder(x)
+    model.train(was_training)
+    agree = (head(f_clean).argmax(1) == head(f_adv).argmax(1)).float().mean()
+    cos = F.cosine_similarity(f_clean, f_adv, dim=1).mean()
+    return {"agreement": round(float(agree), 6), "feature_cosine": round(float(cos), 6)}
 
 
 def zero_head(dim: int, outputs: int, device: torch.device) -> nn.Linear:

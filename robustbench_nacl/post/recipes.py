@@ -18,8 +18,8 @@ from typing import Any
 from ..errors import UserError
 from ..registry import Registry
 
-#: where the attack of AFT starts: ``x`` itself (DynACL LPAFT.py's single-BN ``trades_loss``) or
-#: ``x + 0.001 N(0,1)`` (TRADES' own start; AIR LP-AFF.py's ``trades_loss_dual``)
+#: where the attack of AFT starts: ``x`` itself (DynACL LPAFT.py's single-BN ``trades_loss``; AIR's
+#: April-2023 ``trades_loss_dual``) or ``x + 0.001 N(0,1)`` (TRADES' own start; AIR's October-2023 one)
 TRADES_STARTS = ("x", "randn")
 #: the BatchNorm branches a recipe may name (models/dual_bn.py: clean = the authors' 'normal', adv = 'pgd')
 ROUTES = ("clean", "adv")
@@ -123,9 +123,25 @@ POST_RECIPES.add(
     "air++",
     PostRecipe(
         name="air++",
-        source="GodXuxilie/Enhancing_ACL_via_AIR@15cf0a76 LP-AFF.py, finetuning_utils.py trades_loss_dual",
-        description="DynACL-AIR++: k-means (one cluster per class, tol 1e-5) pseudo-labels, LP, "
-        "dual-BN TRADES-AFT (start x + 0.001 N(0,1), attack target through the clean branch)",
+        source="GodXuxilie/Enhancing_ACL_via_AIR@b28c1d67 LPAFT_AFF.py train(), utils.py trades_loss_dual"
+        "(natural_mode='pgd'); pseudo-labels from --label_path (PKU-ML/DynACL@7d143db7 assign_label.py)",
+        description="DynACL-AIR++ as AIR's April-2023 LPAFT_AFF.py runs it: DynACL's k-means pseudo-labels "
+        "(10 clusters, tol 1e-4), LP, dual-BN TRADES-AFT with the attack's target, x_adv and the outer "
+        "loss all through the adversarial branch, the attack starting at x itself",
+    ),
+)
+#: the October-2023 LP-AFF.py (commit 2c9ad3d, unchanged at 15cf0a76), kept as a switch: the file as
+#: committed cannot run (line 87: NameError on ``name``; line 583: ``return_features`` is no argument
+#: of the model's forward), so no published number can have come from it (docs/decisions.md)
+POST_RECIPES.add(
+    "air++-2023-10",
+    PostRecipe(
+        name="air++-2023-10",
+        source="GodXuxilie/Enhancing_ACL_via_AIR@2c9ad3d LP-AFF.py assign(), finetuning_utils.py "
+        "trades_loss_dual (natural_mode='pgd'); the committed file cannot run",
+        description="DynACL-AIR++ as AIR's October-2023 LP-AFF.py reads (a file that cannot run as "
+        "committed): k-means one cluster per class (tol 1e-5), LP, dual-BN TRADES-AFT with the attack "
+        "starting at x + 0.001 N(0,1) and its target through the clean branch",
         clusters=None,
         kmeans_tol=1e-5,
         trades_start="randn",

@@ -6,6 +6,7 @@ configuration the parent's plus the post-processing recipe."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from torch import nn
 from ..attack.rng import derive_seed
 from ..data import ImageData, canonical_spec, load_dataset
 from ..errors import UserError
-from ..io import sha256_bytes, write_bytes_atomic
+from ..io import sha256_bytes, write_bytes_atomic, write_json_atomic
 from ..models.checkpoint import (
     MANIFEST,
     WEIGHTS,
@@ -34,12 +35,14 @@ from ..models.foreign import load_encoder
 from ..models.foreign.ours import sibling_manifest
 from ..training.manifest import ID_HASH_CHARS, config_sha256, recipe_sha256
 from ..utils import device_name, resolve_device, versions
-from .lpaft import aft_stage, aft_step, lp_stage, lp_step, run_stage, zero_head
+from .lpaft import aft_stage, aft_step, branch_agreement, lp_stage, lp_step, run_stage, zero_head
 from .pseudo_labels import assign_pseudo_labels
 from .recipes import PostRecipe, resolve_recipe
 
 STATE_DIR = "post-state"  # per-stage resume states, removed once the checkpoint is written
 LABELS = "pseudo_labels.safetensors"  # the pseudo-labels, kept beside the weights (sha256 in the manifest)
+MONITOR = "aft_monitor.json"  # the branch agreement per AFT epoch (post.aft_monitor in the manifest)
+MONITOR_IMAGES = 512  # the first training images, unaugmented: one of the authors' batches
 
 
 def post_process(
@@ -92,8 +95,9 @@ def post_process(
     labels, cluster_info = _pseudo_labels(encoder, train, cfg, k, seed, out / STATE_DIR)
     walls = {"pseudo_labels": time.perf_counter() - t0}
     model = _train(encoder, train, labels, cfg, k, seed, out / STATE_DIR, progress, walls)
-    info = cluster_info | {"wall_s": walls}
-    _export(out, model[0], parent, parent_path, cfg, training, (spec, data_root), dev, info, checkpoint_id)
+    monitor = json.loads((out / STATE_DIR / MONITOR).read_text())
+    info = cluster_info | {"wall_s": walls, "aft_monitor": monitor}
+    _export(out, model[0], parent, cfg, training, (spec, data_root), dev, info, checkpoint_id)
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)
     return out
 
@@ -209,6 +213,7 @@ def _train(
     )
     t1 = time.perf_counter()
     model = nn.Sequential(encoder, head).requires_grad_(True)
+    monitor = _AftMonitor(model, train.x[:MONITOR_IMAGES].to(device), state / MONITOR)
     run_stage(
         aft_stage(cfg, model, state / "aft.pt"),
         train.x,
@@ -217,13 +222,36 @@ def _train(
         recipe=cfg,
         seed=seed,
         progress=progress,
+        on_epoch=monitor,
     )
     walls.update(lp=t1 - t0, aft=time.perf_counter() - t1)
     return model.eval().requires_grad_(False)
 
 
+class _AftMonitor:
+    """The clean/adversarial branch agreement after LP and after every AFT epoch, kept in the state
+    folder (so a resumed run keeps the epochs it did not redo) and then in the manifest."""
+
+    def __init__(self, model: nn.Module, x_uint8: torch.Tensor, path: Path) -> None:
+        self.model, self.x, self.path = model, x_uint8.float().div(255), path
+        self.log: list[dict[str, Any]] = []
+        if path.is_file():
+            try:
+                self.log = list(json.loads(path.read_text()))
+            except (ValueError, TypeError):
+                self.log = []  # an unreadable log: the epochs still to run are logged afresh
+        if not self.log:
+            self.log = [{"epoch": 0, **branch_agreement(model, self.x)}]  # after LP, before AFT
+            write_json_atomic(path, self.log)
+
+    def __call__(self, epoch: int, loss: float) -> None:
+        self.log = [r for r in self.log if r["epoch"] < epoch]  # a redone epoch (killed before its state)
+        self.log.append({"epoch": epoch, "loss": round(loss, 6), **branch_agreement(self.model, self.x)})
+        write_json_atomic(self.path, self.log)
+
+
 def _export(
-    out: Path, encoder: nn.Module, parent: dict[str, Any], parent_path: Path, cfg: PostRecipe,
+    out: Path, encoder: nn.Module, parent: dict[str, Any], cfg: PostRecipe,
     training: dict[str, Any], data: tuple[str, str | None], dev: torch.device, info: dict[str, Any],
     own_id: str | None = None,
 ) -> None:  # fmt: skip
@@ -256,7 +284,6 @@ def _export(
         "config_sha256": csha,
         "recipe_sha256": recipe_sha256(training),
         "parent": {
-            "checkpoint": str(parent_path.parent),
             "id": parent.get("id"),
             "loss": parent.get("loss"),
             "weights_sha256": parent["weights_sha256"],
