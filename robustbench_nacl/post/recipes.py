@@ -60,6 +60,8 @@ class PostRecipe:
     train_route: str = "adv"  # branch of x and x_adv in the outer loss, and of the linear probe
     bn_momentum: float = 0.1  # both branches (the authors' nn.BatchNorm2d default)
     export_route: str = "adv"  # the exported encoder's evaluation branch (bnNameCnt=1)
+    # the name the k-means seed derives from (default: ``name``); not a setting, so not in identity()
+    seed_key: str = ""
 
     def check(self) -> None:
         """Raise a one-line ``UserError`` for a setting that cannot be run."""
@@ -104,7 +106,15 @@ class PostRecipe:
 
     def identity(self) -> dict[str, Any]:
         """What enters the output's training configuration: every setting but the prose."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("source", "description")}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in _PROSE[1:]}
+
+    def kmeans_seed_key(self) -> str:
+        """What the k-means seed derives from, with the parent's seed (``seed_key`` or the name)."""
+        return self.seed_key or self.name
+
+
+#: fields that are not settings: not overridable with --set, and but for the name not in identity()
+_PROSE = ("name", "source", "description", "seed_key")
 
 
 #: name -> recipe; ``robustbench-nacl post CKPT --recipe NAME``
@@ -146,6 +156,7 @@ POST_RECIPES.add(
         kmeans_tol=1e-5,
         trades_start="randn",
         attack_target_route="clean",
+        seed_key="air++",  # the third edition's air++ draws: its published weights, made again
     ),
 )
 
@@ -156,8 +167,8 @@ def resolve_recipe(name: str, overrides: dict[str, Any] | None = None) -> PostRe
     fields = {f.name: f for f in dataclasses.fields(PostRecipe)}
     changes: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
-        if key not in fields or key in ("name", "source", "description"):
-            valid = [k for k in fields if k not in ("name", "source", "description")]
+        if key not in fields or key in _PROSE:
+            valid = [k for k in fields if k not in _PROSE]
             raise UserError(f"post recipe {name}: unknown setting {key!r}; valid: {', '.join(valid)}")
         changes[key] = _coerce(getattr(base, key), value, key)
     recipe = dataclasses.replace(base, **changes)

@@ -166,7 +166,7 @@ def _pseudo_labels(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """k-means pseudo-labels, computed once per run (kept in the state folder for a resume)."""
     path = state / LABELS
-    kseed = derive_seed(seed, "post", cfg.name, "kmeans")
+    kseed = derive_seed(seed, "post", cfg.kmeans_seed_key(), "kmeans")
     if path.is_file():
         saved = st_load(path.read_bytes())
         labels, iters = saved["labels"], int(saved["iterations"])

@@ -1,0 +1,263 @@
+"""Why DynACL-AIR++ fell below DynACL-AIR on the reference board: the converse experiments (issue 47).
+
+    python bench/air_pp_causes.py run [--only VARIANT] [--seeds 0,1,2]   # post-process + evaluate (resumable)
+    python bench/air_pp_causes.py table [--json bench/air_pp_causes.jsonl]
+
+Each variant post-processes the published Fashion-MNIST parent of seeds 0-2 (``dynacl_air`` or
+``dynacl``) with one "++" reading, then evaluates the result as the reference board does in-domain:
+SLF and ALF with the board's probe, finetuning and suite flags (``fashion-mnist-aa``: AutoAttack
+standard at 0.032 on 500 test examples). The variants change one thing at a time:
+
+- ``air++ 2023-10``: the third edition's DynACL-AIR++ (AIR's October-2023 LP-AFF.py: attack target
+  through the clean branch, start at x + 0.001 N, one cluster per class, tol 1e-5). Its checkpoints
+  are the third edition's published weights (git history keeps them); its in-domain AutoAttack rows
+  are the board's, kept in ``bench/air_pp_causes_rows/``.
+- ``air++ 2023-10, adv target``: the same with the attack's target through the adversarial branch:
+  the one change.
+- ``air++ 2023-04``: the full April-2023 reading (the new default ``air++``; the fourth edition's
+  checkpoints, made by ``zoo train`` under ``robustbench_out/reference``).
+- ``dynacl++``: the board's DynACL++ (rows and weights published).
+- ``dynacl++, clean target``: the converse, DynACL++ with the attack aimed at the clean branch's
+  prediction; it should fall below its parent if the explanation holds.
+
+Rows are looked up by the checkpoint's weights sha256 in ``--rows`` folders (this script's own and
+``leaderboard/rows``) before anything is computed; ``run`` resumes where it stopped (``post`` from its
+per-epoch state, ``eval`` skips rows it has). ``table`` prints the means over seeds with 95 %
+t-intervals, each variant beside its parent, and the clean/adversarial branch agreement per AFT epoch
+that post-processing logs (``post.aft_monitor``); ``--json`` writes one line per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "robustbench_out" / "air_pp_causes"
+BOARD_CKPTS = ROOT / "robustbench_out" / "reference"  # where `zoo train` makes the board's checkpoints
+PUBLISHED = ROOT / "robustbench_nacl" / "files" / "published" / "fashion-mnist" / "models"
+#: the third edition's in-domain AutoAttack rows of its DynACL-AIR++ (the October reading), kept here
+#: as the board made them: the fourth edition sets them aside from leaderboard/
+THIRD_EDITION = Path(__file__).resolve().parent / "air_pp_causes_rows"
+ROW_FOLDERS = (OUT / "rows", ROOT / "leaderboard" / "rows", THIRD_EDITION)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    parent: str  # the parent family (the board's loss)
+    recipe: str  # the post-processing recipe
+    overrides: dict[str, str]
+    made_by: str  # "here" (this script), "zoo" (the board's run), "published" (the package's weights),
+    # "third-edition" (weights named by the kept rows of THIRD_EDITION)
+    entry_loss: str = ""  # the board entry it is, when it is one
+
+
+VARIANTS = [
+    Variant("air++ 2023-10", "dynacl_air", "air++-2023-10", {}, "third-edition", "dynacl_air++"),
+    Variant(
+        "air++ 2023-10, adv target", "dynacl_air", "air++-2023-10", {"attack_target_route": "adv"}, "here"
+    ),
+    Variant("air++ 2023-04", "dynacl_air", "air++", {}, "zoo", "dynacl_air++"),
+    Variant("dynacl++", "dynacl", "dynacl++", {}, "published", "dynacl++"),
+    Variant("dynacl++, clean target", "dynacl", "dynacl++", {"attack_target_route": "clean"}, "here"),
+]
+SLUG = {v.name: v.name.replace(" ", "_").replace(",", "").replace("+", "p") for v in VARIANTS}
+
+
+def _entry_id(loss: str, seed: int) -> str:
+    return f"convnet_small.{loss}_fashion-mnist-0-4_s{seed}"
+
+
+def checkpoint(v: Variant, seed: int) -> Path:
+    """Where the variant's checkpoint of ``seed`` is (or will be)."""
+    if v.made_by == "zoo":
+        return BOARD_CKPTS / _entry_id(v.entry_loss, seed)
+    if v.made_by == "published":
+        return PUBLISHED / _entry_id(v.entry_loss, seed)
+    return OUT / "ckpt" / f"{SLUG[v.name]}_s{seed}"
+
+
+def parent_checkpoint(v: Variant, seed: int) -> Path:
+    return PUBLISHED / _entry_id(v.parent, seed)
+
+
+def _eval_args(seed: int, parent_loss: str) -> dict[str, Any]:
+    """The board's in-domain SLF and ALF flags for a seed (the parent's zoo entry's eval block)."""
+    from robustbench_nacl.pipeline import eval_arguments
+    from robustbench_nacl.zoo import load_zoo
+
+    entry = next(e for e in load_zoo("fashion-mnist") if e.id == _entry_id(parent_loss, seed))
+    args = eval_arguments(entry)
+    return args | {"transfer": None, "shift": None, "corruptions": None, "severities": None,
+                   "protocol": "slf,alf", "setting_suites": None}  # fmt: skip
+
+
+def _rows_of(sha: str) -> dict[str, dict[str, Any]]:
+    """protocol -> the in-domain AutoAttack@0.032 row of the weights ``sha`` in the row folders."""
+    return _index().get(sha, {})
+
+
+_INDEX: dict[str, dict[str, dict[str, Any]]] = {}
+
+
+def _index() -> dict[str, dict[str, dict[str, Any]]]:
+    """sha256 -> protocol -> row, of every in-domain AutoAttack@0.032 row in the folders (read once;
+    ``run`` clears it after writing rows)."""
+    if _INDEX:
+        return _INDEX
+    for folder in ROW_FOLDERS:
+        for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            text = f.read_text()
+            if '"autoattack"' not in text or '"in-domain"' not in text:
+                continue
+            r = json.loads(text)
+            if r.get("setting") != "in-domain" or r.get("attack") != "autoattack":
+                continue
+            if abs(float(r.get("eps", 0)) - 0.032) > 1e-9:
+                continue
+            proto = (r.get("finetune") or {}).get("protocol", "slf")
+            _INDEX.setdefault(str(r["checkpoint_sha256"]), {}).setdefault(proto, r)
+    return _INDEX
+
+
+def _sha(ckpt: Path) -> str | None:
+    m = ckpt / "manifest.json"
+    return str(json.loads(m.read_text())["weights_sha256"]) if m.is_file() else None
+
+
+def variant_sha(v: Variant, seed: int) -> str | None:
+    """The weights sha256 of the variant's checkpoint of ``seed`` (None: not made yet)."""
+    if v.made_by == "third-edition":
+        for f in sorted(THIRD_EDITION.glob("*.json")):
+            r = json.loads(f.read_text())
+            if r.get("train_seed") == seed:
+                return str(r["checkpoint_sha256"])
+        return None
+    return _sha(checkpoint(v, seed))
+
+
+def run(variants: list[Variant], seeds: list[int]) -> None:
+    """Make what is missing: the checkpoints this script owns, then their SLF/ALF rows."""
+    from robustbench_nacl.eval.evaluate import evaluate
+    from robustbench_nacl.post import post_process
+
+    for v in variants:
+        for s in seeds:
+            ckpt = checkpoint(v, s)
+            if v.made_by == "here":
+                post_process(
+                    parent_checkpoint(v, s), v.recipe, ckpt, overrides=dict(v.overrides), device="cpu"
+                )
+            sha = variant_sha(v, s)
+            if sha is None or v.made_by == "third-edition":
+                why = "no checkpoint yet" if sha is None else "its rows are kept"
+                print(f"{v.name} s{s}: made by {v.made_by}, not here ({why}); skipped")
+                continue
+            if {"slf", "alf"} <= set(_rows_of(sha)):
+                print(f"{v.name} s{s}: rows exist")
+                continue
+            evaluate(ckpt, out=OUT, device="cpu", **_eval_args(s, v.parent))
+            _INDEX.clear()
+
+
+def _mean_ci(values: list[float]) -> tuple[float, float, float] | None:
+    from robustbench_nacl.report.stats import t_interval
+
+    if not values:
+        return None
+    lo, hi = t_interval(values) if len(values) > 1 else (values[0], values[0])
+    return statistics.fmean(values), lo, hi
+
+
+def summary(seeds: list[int]) -> list[dict[str, Any]]:
+    """One record per variant and its parent: per protocol, clean and AutoAttack per seed, their
+    means and 95 % t-intervals; the branch agreement per AFT epoch per seed (where logged)."""
+    out = []
+    for v in VARIANTS:
+        rec: dict[str, Any] = {
+            "variant": v.name,
+            "recipe": v.recipe,
+            "overrides": v.overrides,
+            "parent": v.parent,
+        }
+        for who, sha_of in (
+            ("variant", lambda s, v=v: variant_sha(v, s)),
+            ("parent", lambda s, v=v: _sha(parent_checkpoint(v, s))),
+        ):
+            for proto in ("slf", "alf"):
+                per_seed = {}
+                for s in seeds:
+                    sha = sha_of(s)
+                    row = _rows_of(sha).get(proto) if sha else None
+                    if row is not None:
+                        per_seed[s] = (row["clean_acc"], row["robust_acc"], row["row_id"])
+                rec[f"{who}_{proto}"] = {
+                    "seeds": {
+                        s: {"clean": c, "autoattack": a, "row_id": i} for s, (c, a, i) in per_seed.items()
+                    },
+                    "clean": _mean_ci([c for c, _, _ in per_seed.values()]),
+                    "autoattack": _mean_ci([a for _, a, _ in per_seed.values()]),
+                }
+        rec["aft_monitor"] = {}
+        for s in seeds:
+            m = checkpoint(v, s) / "manifest.json"
+            if v.made_by != "third-edition" and m.is_file():
+                mon = json.loads(m.read_text()).get("post", {}).get("aft_monitor")
+                if mon:
+                    rec["aft_monitor"][s] = [(r["epoch"], r["agreement"], r["feature_cosine"]) for r in mon]
+        out.append(rec)
+    return out
+
+
+def _fmt(stat: tuple[float, float, float] | None, n: int) -> str:
+    if stat is None:
+        return "–"
+    m, lo, hi = stat
+    return f"{100 * m:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] (n={n})"
+
+
+def print_table(records: list[dict[str, Any]]) -> None:
+    print("| variant | protocol | clean | AutoAttack@0.032 | parent clean | parent AutoAttack@0.032 |")
+    print("|---|---|---|---|---|---|")
+    for r in records:
+        for proto in ("slf", "alf"):
+            a, p = r[f"variant_{proto}"], r[f"parent_{proto}"]
+            na, np_ = len(a["seeds"]), len(p["seeds"])
+            cells = [
+                _fmt(a["clean"], na),
+                _fmt(a["autoattack"], na),
+                _fmt(p["clean"], np_),
+                _fmt(p["autoattack"], np_),
+            ]
+            print(f"| {r['variant']} | {proto.upper()} | " + " | ".join(cells) + " |")
+    print()
+    for r in records:
+        for s, mon in sorted(r["aft_monitor"].items()):
+            agree = " ".join(f"{100 * a:.0f}" for _, a, _ in mon)
+            print(f"{r['variant']} s{s}: agreement per AFT epoch (after LP first), %: {agree}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("run", "table"))
+    p.add_argument("--only", action="append", help="a variant's name (repeatable; default: all)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--json", type=Path, help="table: write one JSON line per variant here")
+    a = p.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    chosen = [v for v in VARIANTS if not a.only or v.name in a.only]
+    if a.action == "run":
+        run(chosen, seeds)
+    records = summary(seeds)
+    print_table(records)
+    if a.json:
+        a.json.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+if __name__ == "__main__":
+    main()
