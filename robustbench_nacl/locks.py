@@ -85,7 +85,52 @@ def advisory_lock(folder: str | Path, key: str, what: str, *, quiet: bool = Fals
     if fcntl is None:
         yield
         return
-    f = _acquire(path, what, quiet)
+    with _held(_acquire(path, what, quiet), path, what, quiet):
+        yield
+
+
+@contextlib.contextmanager
+def exclusive_lock(folder: str | Path, key: str, what: str) -> Iterator[None]:
+    """:func:`advisory_lock`, but a lock a live process holds is refused at once, in one line naming
+    it, instead of waited for: for work a second process must not redo in the same folder (a second
+    ``train`` into a busy ``--out`` would overwrite the first's checkpoint as it is written)."""
+    path = lock_path(folder, key)
+    if fcntl is None:
+        yield
+        return
+    created = not Path(folder).exists()
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe(_holder(f))
+            f.close()
+            from .errors import UserError  # here: this module is also run as a file (test_locks)
+
+            raise UserError(
+                f"{holder} is {what} in {folder}; wait for it to end, or choose another --out"
+            ) from None
+        try:
+            same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file its last holder removed just now: ours
+            break
+        f.close()
+    try:
+        with _held(f, path, what, quiet=False):
+            yield
+    finally:
+        if created:  # a run that failed before writing anything leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                Path(folder).rmdir()
+
+
+@contextlib.contextmanager
+def _held(f: Any, path: Path, what: str, quiet: bool) -> Iterator[None]:
+    """The body of a lock held through open file ``f``: its holder written in, removed on release."""
     try:
         stale = _holder(f)  # a released lock is removed: a holder here died while holding it
         if stale and not quiet:

@@ -24,7 +24,11 @@ from tqdm.auto import tqdm
 from .errors import UserError
 from .locks import advisory_lock
 from .results.finetune import PROTOCOLS
+from .results.label_free import LABEL_FREE
 from .zoo import ZooEntry, checkpoint_dir, expected_id, is_trained
+
+#: the order a zoo run evaluates its protocols in: the finetuning ones, then label-free (no head)
+PROTOCOL_ORDER = (*PROTOCOLS, LABEL_FREE)
 
 #: The probe's epochs when a manifest does not say (the evaluation's own default).
 DEFAULT_PROBE_EPOCHS = 1000
@@ -169,6 +173,7 @@ def eval_arguments(entry: ZooEntry, control: bool = False) -> dict[str, Any]:
         "suite": ev.get("suite", "paper"),
         "setting_suites": ev.get("setting_suites"),
         "finetune_settings": ev.get("finetune_settings"),
+        "finetune_recipe": ev.get("finetune_recipe", "uniform"),
         "n_examples": ev.get("n_examples"),
         "seed": entry.seed,
         "probe": ProbeConfig(
@@ -224,8 +229,8 @@ def with_protocol(entries: list[ZooEntry], protocol: str) -> list[ZooEntry]:
 
 def by_protocol(entries: Iterable[ZooEntry]) -> list[ZooEntry]:
     """Each entry once per protocol its manifest asks for (``eval.protocol``, default slf), with that
-    protocol alone, in the order of :data:`PROTOCOLS` (slf, alf, aff): a zoo run evaluates every
-    encoder's SLF rows before any encoder's ALF rows, so a budget that runs out cuts the least
+    protocol alone, in the order of :data:`PROTOCOL_ORDER` (slf, alf, aff, label-free): a zoo run
+    evaluates every encoder's SLF rows before any encoder's ALF rows, so a budget that runs out cuts the least
     important protocol (docs/decisions.md, 'Reference leaderboard')."""
     import dataclasses
 
@@ -234,7 +239,7 @@ def by_protocol(entries: Iterable[ZooEntry]) -> list[ZooEntry]:
     asked = [(e, parse_protocols(e.eval.get("protocol", "slf"))) for e in entries]
     return [
         dataclasses.replace(e, eval={**e.eval, "protocol": p})
-        for p in PROTOCOLS
+        for p in PROTOCOL_ORDER
         for e, names in asked
         if p in names
     ]
@@ -254,11 +259,16 @@ def control_entries(entries: Iterable[ZooEntry]) -> list[ZooEntry]:
     return list(first.values())
 
 
-def row_key(identity: dict[str, Any]) -> str:
-    """A row's id with its checkpoint's sha256 left out: what a zoo knows before (or without) the weights."""
-    from .results.rows import row_id
+#: ``rows_done(..., device=ANY_DEVICE)`` (``zoo --any-device``): a row of any device class counts
+ANY_DEVICE = "any"
 
-    return row_id({**identity, "checkpoint_sha256": None})
+
+def row_key(identity: dict[str, Any]) -> str:
+    """A row's id with its checkpoint's sha256 and its device class left out: what a zoo knows before
+    (or without) the weights; which device class counts is :func:`rows_done`'s choice."""
+    from .results.rows import DEVICE_CLASS, row_id
+
+    return row_id({**identity, "checkpoint_sha256": None, DEVICE_CLASS: None})
 
 
 def row_keys(entry: ZooEntry, control: bool = False) -> frozenset[str]:
@@ -289,21 +299,50 @@ def expected_rows(entry: ZooEntry) -> int:
     return len(row_keys(entry))
 
 
-def rows_done(out: str | Path, current: Mapping[str, str] | None = None) -> dict[str, set[str]]:
-    """The keys (:func:`row_key`) of the valid result rows under ``out/rows``, per checkpoint id
+def rows_done(
+    out: str | Path, current: Mapping[str, str] | None = None, device: str = "cpu"
+) -> dict[str, set[str]]:
+    """The keys (:func:`row_key`) of the valid result rows under ``out/rows`` and in ``out``'s row
+    pack (:data:`~.results.rows.ROW_PACK`, as ``load_rows`` reads it), per checkpoint id
     (unreadable, edited or foreign files are not counted: they are recomputed). ``current`` maps a
     checkpoint id to the sha256 of its weights where they are known (:func:`current_sha256`): a row
-    of that id computed on other weights (the entry was retrained) is not counted either."""
-    from .results.rows import read_valid_row
+    of that id computed on other weights (the entry was retrained) is not counted either. Only rows
+    of ``device``'s class count (a CPU's rows for a CPU run, a GPU's for that GPU's): a row of
+    another class measured the same settings with other arithmetic (:data:`ANY_DEVICE`: any class)."""
+    from .results.rows import DEVICE_CLASS, ROW_PACK, read_valid_row, valid_pack_rows
 
     current = current or {}
     done: dict[str, set[str]] = {}
-    for path in (Path(out) / "rows").glob("*.json"):
-        row = read_valid_row(path, path.stem)
+    rows = [read_valid_row(path, path.stem) for path in (Path(out) / "rows").glob("*.json")]
+    rows += valid_pack_rows(Path(out) / ROW_PACK)  # rows held only in a row pack count too
+    counts = _class_filter(device)
+    for row in rows:
         if row is None or current.get(row.checkpoint_id, row.checkpoint_sha256) != row.checkpoint_sha256:
+            continue
+        if not counts(row.get(DEVICE_CLASS)):
             continue
         done.setdefault(row.checkpoint_id, set()).add(row_key(row.to_json()))
     return done
+
+
+def _class_filter(device: str) -> Callable[[str | None], bool]:
+    """Which rows' device classes (utils.device_class; None: a CPU) count as done for a run on
+    ``device``: a CPU's rows for "cpu", any for :data:`ANY_DEVICE`, that card's for a GPU here. A GPU
+    this process cannot see (a Slurm login node submitting GPU jobs) cannot be named: any GPU's rows
+    count then."""
+    if device == ANY_DEVICE:
+        return lambda _: True
+    if device == "cpu":
+        return lambda c: c is None
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        return lambda c: c is not None and c.startswith("cuda:")
+    from .utils import device_class
+
+    wanted = device_class(device)
+    return lambda c: c == wanted
 
 
 def current_sha256(entries: Iterable[ZooEntry], ckpts: str | Path) -> dict[str, str]:
@@ -442,13 +481,15 @@ def run_entries(
     device: str = "cpu",
     controls: bool = True,
     progress: bool = True,
+    any_device: bool = False,
 ) -> ZooRun:
     """Train what is not trained, then evaluate every entry (and one control per seed) into ``out/rows``.
 
-    An entry (or control) whose rows are already complete under ``out`` is skipped altogether.
+    An entry (or control) whose rows are already complete under ``out`` is skipped altogether: rows
+    of ``device``'s class count (``any_device``: rows of any class, e.g. a GPU's on a CPU run).
     """
     stale = set_aside(superseded_rows(entries, out, controls, ckpts), out)
-    done = rows_done(out)
+    done = rows_done(out, device=ANY_DEVICE if any_device else device)
     todo = [e for e in by_protocol(entries) if not is_complete(e, done)]
     wanted = by_protocol(control_entries(entries)) if controls else []
     ctl = [e for e in wanted if not is_complete(e, done, control=True)]
@@ -464,7 +505,7 @@ def run_entries(
             trained += run_jobs(pool, jobs, train_entry, desc, progress)
         t_train = time.perf_counter() - t0
         jobs = []
-        for protocol in PROTOCOLS:  # every SLF job (entries, then controls) before any ALF job, ...
+        for protocol in PROTOCOL_ORDER:  # every SLF job (entries, then controls) before any ALF job, ...
             jobs += [(e, str(ckpts), str(out), device, False) for e in todo if e.eval["protocol"] == protocol]
             jobs += [(e, str(ckpts), str(out), device, True) for e in ctl if e.eval["protocol"] == protocol]
         evaluated = run_jobs(pool, jobs, eval_entry, f"evaluate ({len(jobs)} jobs)", progress)

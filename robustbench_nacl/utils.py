@@ -44,6 +44,19 @@ def device_name(device: torch.device | str) -> str:
     return f"cpu ({platform.machine()}, {cap}, {n} torch thread{'' if n == 1 else 's'})"
 
 
+def device_class(device: torch.device | str) -> str | None:
+    """The class of device a result row was computed on, as its identity records it: None on a CPU
+    (every row before issue 46; their ids unchanged), ``"cuda:<card name>"`` on a GPU, else the
+    device type. Two classes differ in float arithmetic (fused kernels, reduction order), so a row
+    of one does not stand for the other's (docs/decisions.md, 'Device classes')."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
 def versions() -> dict[str, Any]:
     """Package versions recorded in manifests and result rows."""
     from ._version import __version__

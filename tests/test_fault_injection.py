@@ -3,7 +3,8 @@ uninterrupted run ends: the same rows, weights and leaderboard.
 
 Five kills in one resumed chain, each at a random point (from a seeded generator) inside one phase:
 training (a random time after the start), row writing (when a random number of the rows exist; then
-while a row file is being written) and rendering (a random time after the first leaderboard file is
+inside a row write: the process holds there, its temporary written, through a hook of the row writer,
+so the kill never misses the window) and rendering (a random time after the first leaderboard file is
 written, twice). Today's code failed it on temporaries the killed writers left behind. What is compared:
 - weights.safetensors and the figures, LEADERBOARD.md, results.csv, leaderboard.json: byte for byte;
 - rows, manifests, logs, rows.csv and index.html: byte for byte once the wall-clock fields are left out
@@ -29,6 +30,7 @@ from _models import one_thread
 from test_zoo_completeness import tiny_entry
 
 from robustbench_nacl import cli
+from robustbench_nacl.results.rows import HOLD_ROW_WRITE_ENV
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="kills with SIGKILL (POSIX)")
 
@@ -92,8 +94,9 @@ def _board_written_since(board: Path, t0: float) -> bool:
     return any(p.stat().st_mtime >= t0 for p in board.glob("*") if p.is_file())
 
 
-def _kill_in(phase: str, proc: subprocess.Popen[str], board: Path, rng: random.Random) -> None:
-    """SIGKILL ``proc`` at a random point of ``phase`` (if it is still running by then)."""
+def _kill_in(phase: str, proc: subprocess.Popen[str], board: Path, rng: random.Random, hold: Path) -> None:
+    """SIGKILL ``proc`` at a random point of ``phase`` (if it is still running by then); ``hold``: the
+    file a row write held by ``HOLD_ROW_WRITE_ENV`` creates."""
     t0 = time.time()
     if phase == "training":
         when = lambda: time.time() - t0 >= delay  # noqa: E731
@@ -103,8 +106,8 @@ def _kill_in(phase: str, proc: subprocess.Popen[str], board: Path, rng: random.R
             rng.randint(_rows(board) + 1, TOTAL_ROWS - 1) if _rows(board) < TOTAL_ROWS - 1 else TOTAL_ROWS
         )
         when = lambda: _rows(board) >= target  # noqa: E731
-    elif phase == "row write":  # while a row is being written (its temporary exists)
-        when = lambda: _writing(board / "rows")  # noqa: E731
+    elif phase == "row write":  # inside a row write: the process holds there (rows.HOLD_ROW_WRITE_ENV)
+        when = lambda: hold.exists()  # noqa: E731
     else:  # rendering: after the first board file of this run appears, a random fraction of a second
         delay = rng.uniform(0.0, 0.4)
         when = lambda: _board_written_since(board, t0)  # noqa: E731
@@ -112,6 +115,8 @@ def _kill_in(phase: str, proc: subprocess.Popen[str], board: Path, rng: random.R
         time.sleep(0.002)
     if phase == "rendering":
         time.sleep(delay)
+    if phase == "row write":  # the kill lands while the row's temporary file exists, every time
+        assert proc.poll() is None and _writing(board / "rows"), "the row write did not hold"
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait(60)
@@ -136,10 +141,12 @@ def test_a_zoo_run_killed_at_random_points_ends_as_an_uninterrupted_one(
     rng = random.Random(23)
     board = tmp_path / "killed" / "board"
     landed = []
+    hold = tmp_path / "holding-a-row-write"
     for phase in ("training", "rows", "row write", "rendering", "rendering"):
         cmd = [sys.executable, "-m", "robustbench_nacl", *ARGS]
-        proc = subprocess.Popen(cmd, cwd=tmp_path / "killed", env=cli_env, text=True, stderr=subprocess.PIPE)
-        _kill_in(phase, proc, board, rng)
+        env = {**cli_env, HOLD_ROW_WRITE_ENV: str(hold)} if phase == "row write" else cli_env
+        proc = subprocess.Popen(cmd, cwd=tmp_path / "killed", env=env, text=True, stderr=subprocess.PIPE)
+        _kill_in(phase, proc, board, rng, hold)
         landed.append((phase, proc.returncode, _rows(board)))
     final = subprocess.run(
         [sys.executable, "-m", "robustbench_nacl", *ARGS],

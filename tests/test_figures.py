@@ -23,10 +23,11 @@ from matplotlib.colors import to_hex
 from matplotlib.text import Annotation, Text
 
 from robustbench_nacl.report import figures
-from robustbench_nacl.report.aggregate import Context, panel_note
 from robustbench_nacl.report.compare import Comparison
+from robustbench_nacl.report.context import Context
 from robustbench_nacl.report.leaderboard import build_context, render_leaderboard
 from robustbench_nacl.report.plotstyle import PALETTE, spread, styles
+from robustbench_nacl.report.tables import panel_note
 from robustbench_nacl.results.rows import ResultRow, stamp_ids
 
 sys.path.insert(0, str(Path(__file__).parent / "data" / "leaderboard"))

@@ -32,6 +32,20 @@ def test_no_library_function_is_over_80_lines() -> None:
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
 
 
+#: a module past about 500 lines holds more than one responsibility (docs/decisions.md,
+#: 'Code layout'): split it before it grows past this
+MAX_MODULE_LINES = 550
+
+
+def test_no_library_module_is_over_550_lines() -> None:
+    long = [
+        f"{p.relative_to(ROOT)} ({n} lines)"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, "modules over 550 lines (split them by responsibility):\n" + "\n".join(long)
+
+
 def test_no_submodule_is_shadowed_by_a_package_attribute() -> None:
     shadowed = []
     for info in pkgutil.walk_packages([str(PACKAGE)], prefix="robustbench_nacl."):

@@ -39,6 +39,14 @@ def test_eval_like_zoo_writes_the_rows_zoo_eval_writes(
     rows = [json.loads(p.read_text()) for p in (other / "rows").glob("*.json")]
     assert {r["seed"] for r in rows} == {2} and {r["n_examples"] for r in rows} == {20}
     assert {r["suite"] for r in rows} == {"quick"} and not _ids(other) & _ids(board)
+    # --setting-suite: one kind of setting re-attacked with another suite, the others as the zoo does
+    mixed = tmp_path / "mixed"
+    flags = ["--like-zoo", "t", "--setting-suite", "shift=fashion-mnist-light", "--out", str(mixed)]
+    assert cli.main(["eval", str(ck / e.id), *flags]) == 0
+    rows = [json.loads(p.read_text()) for p in (mixed / "rows").glob("*.json")]
+    assert {r["suite"] for r in rows if r["setting"] == "shift"} == {"fashion-mnist-light"}
+    zoo_rows = {r["row_id"] for r in rows if r["setting"] != "shift"}
+    assert zoo_rows and zoo_rows <= _ids(board) and not {r["row_id"] for r in rows} <= _ids(board)
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ def test_work_another_process_finished_is_not_reported_as_done_here(
     tmp, entries, _ = ran
     assert pipeline.train_entry(entries[0], tmp / "ckpts") is None  # trained before: nothing done here
     assert pipeline.eval_entry(entries[0], tmp / "ckpts", tmp / "board") is None
-    monkeypatch.setattr(pipeline, "rows_done", lambda out: {})  # planned before the other run finished
+    monkeypatch.setattr(pipeline, "rows_done", lambda out, **_: {})  # planned before the other run finished
     run = pipeline.run_entries(entries, tmp / "ckpts", tmp / "board", workers=1, progress=False)
     assert (run.trained, run.evaluated, run.waited) == (0, 0, 6)  # 4 entries + 2 controls, all found done
 

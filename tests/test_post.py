@@ -456,3 +456,7 @@ def test_the_command_runs_and_refuses_bad_input_in_one_line(
         ["post", str(parent), "--set", "trades_start=zero", "--out", str(tmp_path / "z")], capsys
     )
     one_line_error(rc, err, "trades_start", command="post")
+    for bad in ("aft_lr=1e300", "lp_lr=nan", "beta=-1"):  # values checked before the parent is read
+        rc, _, err = cli(["post", str(parent), "--set", bad, "--out", str(tmp_path / "v")], capsys)
+        one_line_error(rc, err, bad.split("=")[0], command="post")
+    assert not (tmp_path / "v").exists()

@@ -65,7 +65,7 @@ def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_publish
     assert {r.row_id for r in packed} == set(board_rows) and len(packed) == len(board_rows)
     for r in packed:
         mine, theirs = r.to_json(), board_rows[r.row_id].to_json()
-        assert mine.pop("checkpoint") == f"models/{r['checkpoint_id']}"
+        assert mine.pop("checkpoint") == (r["checkpoint_id"] if r["control"] else f"t/models/{e.id}")
         theirs.pop("checkpoint")
         assert mine == theirs
     first = (target / ROW_PACK).read_bytes()
@@ -183,7 +183,10 @@ def test_the_shipped_demo_rows_are_one_pack_that_reads_as_rows() -> None:
     assert (d / ROW_PACK).is_file() and not (d / "rows").exists()
     rows = load_rows(d)
     assert len(rows) == 1771 and len({r.row_id for r in rows}) == 1771  # 22 entries and the control
-    assert all(r["checkpoint"].startswith("models/") for r in rows)
+    # the published model by its path in the package; a control by its own id (hub/portable.py)
+    for r in rows:
+        named = r["checkpoint_id"] if r["control"] else f"demo/models/{r['checkpoint_id']}"
+        assert r["checkpoint"] == named, r.row_id
 
 
 def test_a_row_pack_is_deterministic_deduplicated_and_a_damaged_one_is_one_line(tmp_path: Path) -> None:

@@ -383,7 +383,7 @@ TRAIN_BAD = {
     "batch size 0": (["--batch-size", "0"], ("at least 2 images",)),
     "epochs 0": (["--epochs", "0"], ("--epochs 0: must be >= 1",)),
     "lr 0": (["--lr", "0"], ("--lr 0.0: must be a finite number > 0",)),
-    "lr nan": (["--lr", "nan"], ("--lr nan: must be a finite number",)),
+    "lr nan": (["--lr", "nan"], ("argument --lr: 'nan' is not a finite number",)),
     "weight decay < 0": (["--weight-decay", "-1"], ("--weight-decay -1.0: must be",)),
     "encoder width 0": (["--encoder-arg", "width=0"], ("width must be a positive integer",)),
     "unknown encoder option": (

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from robustbench_nacl import cli, pipeline, zoo
+from robustbench_nacl.errors import UserError
 from robustbench_nacl.eval import evaluate as ev
 
 RECIPE = {
@@ -155,3 +156,38 @@ def test_zoo_eval_does_not_count_a_retrained_entrys_old_rows_as_done(
     assert shas.count(new_sha) == shas.count(old_sha) == n  # the old stay until `zoo run` sets them aside
     assert cli.main(["zoo", "eval", *where]) == 0
     assert "complete: not evaluated again" in capsys.readouterr().out
+
+
+def test_rows_held_only_in_a_row_pack_count_as_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a published set keeps its rows as one pack (rows.jsonl.gz) and no rows/ folder: `zoo run` over
+    # it must see them as done, not evaluate every entry again
+    from robustbench_nacl.results.rows import ROW_PACK, load_rows, write_row_pack
+
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
+    a = tiny_entry(tmp_path / "zoo", "simclr")
+    board, ck = tmp_path / "board", tmp_path / "ck"
+    where = ["--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-progress", "--no-controls"]
+    assert cli.main(["zoo", "run", *where]) == 0
+    packed = tmp_path / "packed"
+    write_row_pack(packed, load_rows(board))
+    assert (packed / ROW_PACK).is_file() and not (packed / "rows").exists()
+    assert pipeline.is_complete(a, pipeline.rows_done(packed))
+    (packed / ROW_PACK).write_bytes(b"not gzip")  # a damaged pack counts as nothing, never trusted
+    assert not pipeline.is_complete(a, pipeline.rows_done(packed))
+
+
+def test_a_zoo_entry_can_name_the_robustssl_finetuning_recipe(tmp_path: Path) -> None:
+    # eval.finetune_recipe: the entry's ALF rows are the RobustSSL benchmark's recipe, planned and
+    # evaluated as such (its rows' finetune identity names it), and `--like-zoo` uses it too
+    e = tiny_entry(tmp_path, "acl", protocol="alf", finetune_recipe="robustssl")
+    assert zoo.load_zoo("t", root=tmp_path)[0].eval["finetune_recipe"] == "robustssl"
+    args = pipeline.eval_arguments(e)
+    assert args["finetune_recipe"] == "robustssl"
+    alf = [i for i in ev.planned_identities(e.dataset, **args, loss="acl") if i.get("finetune")]
+    assert alf and {dict(i["finetune"]["recipe"])["name"] for i in alf} == {"robustssl"}
+    # a named recipe sets ALF itself: an entry that also gives ALF settings is refused in one line
+    bad = {**e.to_dict(), "eval": {**e.eval, "alf": {"epochs": 3}}}
+    with pytest.raises(UserError, match=r"eval.finetune_recipe: finetune recipe robustssl sets ALF"):
+        zoo.parse_entry(bad, "bad.json")

@@ -11,9 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
+from . import pgd
 from .base import ATTACKS, Attack
 from .norms import NORMS
-from .threat import check_perturbation
+from .threat import check_perturbation, check_shape, check_stats, perturbation_stats
 from .torchattacks_adapter import TORCHATTACKS_HINT, TORCHATTACKS_PREFIX, torchattacks_attack
 
 
@@ -109,6 +110,8 @@ def robust_under_attack(
     params, sweep = dict(params or {}), info.get("sweep")
     correct = torch.zeros((len(eps), len(x)), dtype=torch.bool, device=x.device)
     seconds = [0.0] * len(eps)
+    # on an accelerator the threat-model check of every batch is read back once, after the loop
+    deferred: list[list[Tensor]] | None = [[] for _ in eps] if pgd.sync_free(x.device) else None
     for i in range(0, len(x), batch_size):
         xb, yb = x[i : i + batch_size], y[i : i + batch_size]
         t = _clock(x.device)
@@ -117,9 +120,16 @@ def robust_under_attack(
         for k, e in enumerate(eps):
             t = _clock(x.device)
             xa = at(e) if at is not None else fn(model, xb, yb, eps=e, gen=gens[k], norm=norm, **params)
-            check_perturbation(xb, xa, e, norm)
+            if deferred is None:
+                check_perturbation(xb, xa, e, norm)
+            else:
+                check_shape(xb, xa, norm)
+                deferred[k].append(perturbation_stats(xb, xa, norm))
             correct[k, i : i + len(xb)] = _predict(model, xa) == yb
             seconds[k] += _clock(x.device) - t + shared
+    for k, stats in enumerate(deferred or []):
+        if stats:
+            check_stats(torch.stack(stats), eps[k], norm)
     return correct, seconds
 
 

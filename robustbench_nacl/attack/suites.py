@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import UserError
 from ..io import canonical_json
 from ..packaged import attacks_dir
+from ..untrusted import read_regular
 from .norms import NORMS
 from .params import short_repr
 from .runner import attack_info, resolve_attack
@@ -50,6 +51,8 @@ SPEC_KEYS = ("name", "norm", "eps")
 SUBSET = "subset"
 # Largest meaningful eps per threat model: an Linf ball of radius 1 already contains every image.
 EPS_MAX = {"Linf": 1.0, "L2": math.inf}
+#: A suite file is a few kB of TOML: a larger one is no suite (and is not read whole).
+MAX_SUITE = 1 << 20
 _EPS_255 = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*/\s*255\s*$")
 
 
@@ -120,7 +123,7 @@ def load_suite(suite: str | Path | Mapping[str, Any] | Suite) -> Suite:
                 raise no_suites_error(suite)
             raise UserError(f"unknown attack suite {str(suite)!r}; available: {', '.join(names)}")
     try:
-        data = path.read_bytes()
+        data = read_regular(path, "attack suite", MAX_SUITE)  # not a FIFO or /dev/zero
     except OSError as e:
         raise UserError(f"cannot read attack suite {path}: {e.strerror or e}") from None
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import refuse_reference_dir
-from .common import DEFAULT_RESULTS, command_line
+from .common import DEFAULT_RESULTS, command_line, finite_arg
 
 
 @contextlib.contextmanager
@@ -95,7 +95,9 @@ def leaderboard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", default=str(DEFAULT_RESULTS), help="where to write the leaderboard (default: %(default)s)"
     )
-    p.add_argument("--headline-eps", type=float, default=0.002, help="epsilon of the headline robust columns")
+    p.add_argument(
+        "--headline-eps", type=finite_arg, default=0.002, help="epsilon of the headline robust columns"
+    )
     p.add_argument(
         "--rank-by",
         default=None,
@@ -163,7 +165,7 @@ def compare_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--margin",
-        type=float,
+        type=finite_arg,
         default=None,
         metavar="POINTS",
         help="with --claims: the equivalence margin of no-cost claims, in points (default: 2)",

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import UserError
 from ..io import check_writable_dir, refuse_reference_dir
+from ..untrusted import MAX_FLOAT, MAX_SEED
 
 #: Where every command writes by default: one folder of the user's, ignored by the repository's
 #: .gitignore, never the repository's reference leaderboard/ (see docs/decisions.md, "Output folders").
@@ -48,6 +50,46 @@ def writable_out(path: str | Path, option: str = "--out") -> None:
 def command_line(args: argparse.Namespace) -> str:
     """The command as the user typed it, without the interpreter's or the script's absolute path."""
     return shlex.join(["robustbench-nacl", *getattr(args, "_argv", [])])
+
+
+#: The largest magnitude a float flag may have: every number ends up in a float32 tensor (a learning
+#: rate of 1e300 overflows inside the optimizer, far from the flag that set it).
+
+
+def finite_arg(text: str) -> float:
+    """argparse type of a float flag: a finite number of float32 range (argparse's one-line error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and abs(value) <= MAX_FLOAT):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of at most {MAX_FLOAT:g}")
+    return value
+
+
+def _int_in(text: str, low: int, high: int = MAX_SEED) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text[:40]!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer in [{low}, 2**63 - 1]")
+    return value
+
+
+def int_arg(text: str) -> int:
+    """argparse type of an int flag: a 64-bit integer (a 23-digit value overflows numpy and torch)."""
+    return _int_in(text, -MAX_SEED - 1)
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of a seed: an integer in [0, 2**63 - 1] (what numpy and torch generators take)."""
+    return _int_in(text, 0)
+
+
+def count_arg(text: str) -> int:
+    """argparse type of a count (examples, a batch size, workers): an integer in [1, 2**63 - 1]."""
+    return _int_in(text, 1)
 
 
 class Parser(argparse.ArgumentParser):
@@ -93,7 +135,8 @@ def protocol_arg(p: argparse.ArgumentParser, default: str | None = "slf", defaul
         default=default,
         type=_protocols,
         help="finetuning protocol(s): slf (linear probe on clean features), alf (adversarial linear), "
-        "aff (adversarial full, TRADES), or a comma list, e.g. slf,alf,aff (default: "
+        "aff (adversarial full, TRADES), label-free (the representation attacked, no head; also on an "
+        "unlabeled image folder as --dataset), or a comma list, e.g. slf,alf,aff (default: "
         + (default_text or "%(default)s")
         + ")",
     )

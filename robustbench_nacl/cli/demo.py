@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import DEFAULT_DEMO_OUT, command_line, protocol_arg, writable_out
+from .common import DEFAULT_DEMO_OUT, command_line, count_arg, protocol_arg, writable_out
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -33,6 +33,6 @@ def demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="digits", help="digits (embedded, default) | fashion-mnist")
     p.add_argument("--device", default="cpu")
     p.add_argument(
-        "--workers", type=int, default=None, help="parallel worker processes (default: min(2, cores))"
+        "--workers", type=count_arg, default=None, help="parallel worker processes (default: min(2, cores))"
     )
     protocol_arg(p)

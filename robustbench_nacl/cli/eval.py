@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..io import refuse_reference_dir
-from .common import DEFAULT_RESULTS, check_data_root, deterministic_flag, protocol_arg
+from ..untrusted import safe_name
+from .common import (
+    DEFAULT_RESULTS,
+    check_data_root,
+    deterministic_flag,
+    int_arg,
+    protocol_arg,
+    seed_arg,
+)
 from .flags import add_config_flags, add_recipe_flag, config_values, robustssl_args
 
 if TYPE_CHECKING:
@@ -55,6 +63,7 @@ _AS_GIVEN = (
     "finetune_settings",
     "finetune_recipe",
     "corruptions_from",
+    "compile",
 )
 
 
@@ -65,8 +74,8 @@ _ZOO_SETS = {
     "--corruptions": "corruptions",
     "--severities": "severities",
     "--suite": "suite",
-    "--setting-suite": "setting_suite",
     "--finetune-settings": "finetune_settings",
+    "--finetune-recipe": "finetune_recipe",
     "--n-examples": "n_examples",
     "--probe-*": "probe_",
     "--alf-*": "alf_",
@@ -151,6 +160,12 @@ def _like_zoo(args: argparse.Namespace) -> dict[str, Any]:
     kw = eval_arguments(entry if args.seed is None else replace(entry, seed=args.seed))  # its "seed" too
     kw["dataset"] = args.dataset or entry.dataset
     kw["protocol"] = args.protocol or kw["protocol"]
+    # --setting-suite KIND=SUITE re-attacks one kind of setting with another suite, the rest as the zoo
+    # does (those rows are then another protocol's: they rank in tables of their own)
+    kw["setting_suites"] = {
+        **(kw.get("setting_suites") or {}),
+        **(_setting_suites(args.setting_suite) or {}),
+    } or None
     del kw["control"]
     return kw
 
@@ -171,8 +186,13 @@ def _from_flags(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(
                 f"--{name}-* flags set {name.upper()} settings: add --protocol {name}, or drop them"
             )
+    from ..results.label_free import LabelFreeConfig
+
+    # label-free settings given without --protocol label-free: evaluate() refuses them in one line
+    label_free = LabelFreeConfig(**config_values(LabelFreeConfig, args, prefix="label-free-"))
     return {
         **kw,
+        "label_free": label_free if label_free != LabelFreeConfig() else None,
         "protocol": protocol,
         "transfer": _resolve_transfer(args),
         "probe": ProbeConfig(**config_values(ProbeConfig, args, prefix="probe-")),
@@ -204,7 +224,9 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.card and rows:
         from ..hub.cards import bn_branch, card_of_rows, write_card
 
-        path = Path(args.out) / "cards" / f"{rows[0]['checkpoint_id']}.json"
+        # the id comes from a manifest (checked when it was read) or a file's name: one plain name
+        name = safe_name(rows[0]["checkpoint_id"], "checkpoint id")
+        path = Path(args.out) / "cards" / f"{name}.json"
         card = card_of_rows(rows, bn_branch=bn_branch(_manifest(args)))
         print(f"model card: {write_card(path, card)}")
     return 0
@@ -244,6 +266,7 @@ def _eval_config(args: argparse.Namespace, kw: dict[str, Any], heads: str | None
             heads=heads,
             finetune_settings=kw["finetune_settings"],
             finetune_recipe=kw["finetune_recipe"],
+            label_free=kw.get("label_free"),
         ),
         attack=AttackOptions(
             suite=kw["suite"], batch_size=kw["batch_size"], setting_suites=kw["setting_suites"]
@@ -253,6 +276,7 @@ def _eval_config(args: argparse.Namespace, kw: dict[str, Any], heads: str | None
         ),
         seed=kw["seed"],
         device=kw["device"],
+        compile=kw["compile"],
     )
 
 
@@ -381,17 +405,18 @@ def eval_args(p: argparse.ArgumentParser) -> None:
         help="output directory (rows land in OUT/rows; default: %(default)s)",
     )
     p.add_argument(
-        "--n-examples", type=int, default=None, help="evaluate the first N test examples (default: all)"
+        "--n-examples", type=int_arg, default=None, help="evaluate the first N test examples (default: all)"
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=seed_arg,
         default=None,
         help="evaluation seed: attack starts, probe initialisation (default 0; with --like-zoo, the "
         "zoo entry's own seed)",
     )
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
-    p.add_argument("--batch-size", type=int, default=None, help="attack batch size")
+    _compile_arg(p)
+    p.add_argument("--batch-size", type=int_arg, default=None, help="attack batch size")
     p.add_argument("--arch", default=None, help="architecture of a foreign checkpoint, e.g. resnet18_cifar")
     from ..models.foreign import FORMATS  # lazy, like every command's heavy imports
 
@@ -415,8 +440,25 @@ def eval_args(p: argparse.ArgumentParser) -> None:
 
     add_config_flags(p.add_argument_group("ALF settings (--protocol alf)"), AlfConfig, prefix="alf-")
     add_config_flags(p.add_argument_group("AFF settings (--protocol aff)"), AffConfig, prefix="aff-")
+    from ..results.label_free import LabelFreeConfig
+
+    group = p.add_argument_group("label-free settings (--protocol label-free: the representation attacked)")
+    add_config_flags(group, LabelFreeConfig, prefix="label-free-")
     add_recipe_flag(p)
     _like_zoo_arg(p)
+
+
+def _compile_arg(p: argparse.ArgumentParser) -> None:
+    """``--compile``: where torch.compile runs (robustbench_nacl/accel.py)."""
+    from ..accel import COMPILE_CHOICES
+
+    p.add_argument(
+        "--compile",
+        default="auto",
+        choices=COMPILE_CHOICES,
+        help="torch.compile the probe, finetuning and attacks: off | auto (on CUDA only) | on; recorded "
+        "in the rows beside the device, not part of their identity (default: %(default)s)",
+    )
 
 
 def _like_zoo_arg(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,8 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
+from .common import finite_arg, int_arg, seed_arg
+
 
 def _optional_scalar(tp: Any) -> type | None:
     """``int``/``float``/``str``/``bool`` for a field of that type (or that type ``| None``), else None."""
@@ -84,7 +86,9 @@ def add_config_flags(
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction  # it appends the default itself
         else:
-            kw.update(type=tp, metavar={int: "N", float: "X"}.get(tp, f.name.split("_")[-1].upper()))
+            # numbers are range-checked as they are parsed: finite floats, 64-bit ints, seeds >= 0
+            checked = {float: finite_arg, int: seed_arg if "seed" in f.name else int_arg}.get(tp, tp)
+            kw.update(type=checked, metavar={int: "N", float: "X"}.get(tp, f.name.split("_")[-1].upper()))
             text += " (default: %(default)s)"
         if choices and f.name in choices:
             kw["choices"] = choices[f.name]

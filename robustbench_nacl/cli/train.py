@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from ..errors import UserError
-from .common import check_data_root, deterministic_flag, json_kv, writable_out
+from .common import check_data_root, deterministic_flag, int_arg, json_kv, writable_out
 from .flags import add_config_flags, config_values
 
 _TRAIN_SPECIAL = ("loss", "overrides", "encoder_kwargs")
@@ -186,7 +186,7 @@ def train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument(
         "--nproc",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="N",
         help="train on N local processes (torch's elastic launcher; gloo on cpu, nccl on cuda, one GPU "
@@ -198,9 +198,10 @@ def train_args(p: argparse.ArgumentParser) -> None:
         help="multi-process runs: BatchNorm statistics over the global batch (default: per process)",
     )
     # every other TrainConfig field, with the dataclass's default: a new field needs no edit here
-    add_config_flags(
-        p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices={"precision": ["fp32", "bf16"]}
-    )
+    from ..accel import COMPILE_CHOICES
+
+    choices = {"precision": ["fp32", "bf16"], "compile": list(COMPILE_CHOICES)}
+    add_config_flags(p, TrainConfig, skip=_TRAIN_SPECIAL, help=_TRAIN_HELP, choices=choices)
     p.add_argument(
         "--optimizer-arg",
         action="append",
@@ -215,7 +216,7 @@ def train_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--warmup-epochs",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="N",
         help="--schedule's warm-up epochs (its own default: 10)",

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..io import refuse_reference_dir
-from .common import DEFAULT_ZOO_BOARD, DEFAULT_ZOO_OUT, deterministic_flag, protocol_arg
+from .common import DEFAULT_ZOO_BOARD, DEFAULT_ZOO_OUT, count_arg, deterministic_flag, protocol_arg
 from .zoo_jobs import launcher_args, zoo_entries, zoo_eval, zoo_run, zoo_train
 
 
@@ -224,11 +224,17 @@ def zoo_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=count_arg,
         default=1,
         help="train/eval/run on the local pool: worker processes (default: 1)",
     )
     p.add_argument("--no-controls", action="store_true", help="eval/run: no random-init controls")
+    p.add_argument(
+        "--any-device",
+        action="store_true",
+        help="eval/run: count rows computed on another device class (cpu, or a GPU by its name) as "
+        "done; by default only rows of --device's class do (status counts those)",
+    )
     protocol_arg(p)
     p.add_argument(
         "--rank-by",

@@ -30,13 +30,15 @@ def zoo_eval(args: argparse.Namespace) -> int:
     """Evaluate every trained entry asked for (and one random-init control per seed) into --leaderboard."""
     from .. import zoo
     from ..launch import make_tasks
-    from ..pipeline import is_complete, rows_done
+    from ..pipeline import ANY_DEVICE, is_complete, rows_done
 
     refuse_reference_dir(args.leaderboard, "--leaderboard")
     options = _launch_options(args)
     entries = zoo_entries(args)
     trained = [e for e in entries if zoo.is_trained(e, args.out)]
-    complete = rows_done(args.leaderboard)  # rows committed without their checkpoints count as done
+    # rows committed without their checkpoints count as done (those of this device's class, unless
+    # --any-device)
+    complete = rows_done(args.leaderboard, device=ANY_DEVICE if args.any_device else args.device)
     missing = [e for e in entries if e not in trained and not is_complete(e, complete)]
     if not trained and missing:
         raise UserError(
@@ -160,6 +162,7 @@ def zoo_run(args: argparse.Namespace) -> int:
         device=args.device,
         controls=not args.no_controls,
         progress=not args.no_progress,
+        any_device=args.any_device,
     )
     sweep(args.out)  # locks of killed trainings finished by a later run
     with rendering(args.leaderboard):

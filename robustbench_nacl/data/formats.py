@@ -4,7 +4,7 @@ UserErrors."""
 
 from __future__ import annotations
 
-import gzip
+import math
 import pickle
 import struct
 import zlib
@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import UserError, one_line
+from ..untrusted import gunzip_bounded, open_regular, read_regular
 
 __all__ = ["read_idx", "restricted_unpickle"]
 
@@ -65,7 +66,7 @@ def restricted_unpickle(path: str | Path) -> Any:
     """
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "dataset file") as f:
             return _RestrictedUnpickler(f, encoding="bytes").load()
     except pickle.UnpicklingError as e:
         raise UserError(
@@ -80,6 +81,23 @@ def restricted_unpickle(path: str | Path) -> Any:
 
 
 _IDX_UBYTE = 0x08
+#: The largest IDX payload read (Fashion-MNIST's training images are 47 MB).
+MAX_IDX = 1 << 30
+
+
+def _declared_idx_size(path: Path, gz: bytes) -> int:
+    """The inflated size a gzipped IDX file's header declares (header included), refused over
+    :data:`MAX_IDX` before the payload is inflated; a header that does not parse gets the cap (the
+    checks after inflation say what is wrong with it)."""
+    d = zlib.decompressobj(wbits=31)
+    head = d.decompress(gz, 4 + 4 * 255)
+    if len(head) < 4 or head[:3] != b"\x00\x00\x08" or len(head) < 4 + 4 * head[3]:
+        return MAX_IDX
+    dims = struct.unpack(f">{head[3]}I", head[4 : 4 + 4 * head[3]])
+    size = 4 + 4 * len(dims) + math.prod(dims)
+    if size > MAX_IDX:
+        raise UserError(f"{path} declares {dims} = {size} bytes, over {MAX_IDX}: no such IDX file; delete it")
+    return size
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -90,9 +108,11 @@ def read_idx(path: str | Path) -> np.ndarray:
     """
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, "IDX file")
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            # inflated up to the size its header declares (checked first), never whole: a few MB of
+            # gzip can hold GBs
+            raw = gunzip_bounded(raw, _declared_idx_size(path, raw), f"{path}")
     except (OSError, EOFError, zlib.error) as e:
         raise UserError(
             f"cannot read {path}: {one_line(str(e) or type(e).__name__)}; delete it and re-download"

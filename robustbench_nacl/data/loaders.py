@@ -78,7 +78,10 @@ def _cifar_loader(
             batch = restricted_unpickle(p)
             try:
                 data = np.asarray(batch[b"data"], dtype=np.uint8)
-                labels = np.asarray(batch[label_key], dtype=np.int64)
+                raw_labels = np.asarray(batch[label_key])
+                if not np.issubdtype(raw_labels.dtype, np.integer):  # 1.7 would silently be class 1
+                    raise ValueError(f"integer labels ({raw_labels.dtype} ones)")
+                labels = raw_labels.astype(np.int64)
             except (KeyError, TypeError, ValueError) as e:
                 raise UserError(f"{p} is not a {name} batch (no {e}); delete it and re-download") from e
             if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.shape != (data.shape[0],):

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import UserError
 from ..registry import Registry
+from ..untrusted import check_regular
 from .catalog import DATASETS
 from .loaders import _load_stl10
 
@@ -89,9 +90,14 @@ def parse_released(value: str, folder: Path) -> list[str]:
 
 def _load_npy(path: Path) -> np.ndarray:
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        array = np.load(check_regular(path, "released array"), mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as e:  # truncated, not an .npy, or objects (pickles are refused)
         raise UserError(f"{path} is not a readable .npy array ({str(e).splitlines()[0]})") from None
+    if not isinstance(array, np.ndarray):  # np.load opens an .npz archive of that name too
+        if hasattr(array, "close"):
+            array.close()
+        raise UserError(f"{path} is an .npz archive, not an .npy array: extract the released .npy files")
+    return array
 
 
 def _open_released(folder: str | Path, corruption: str, severity: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -104,6 +110,10 @@ def _open_released(folder: str | Path, corruption: str, severity: int) -> tuple[
         if not p.is_file():
             raise UserError(f"{p} not found; the released set is extracted with one .npy per corruption")
     labels, images = (_load_npy(p) for p in paths)
+    if not np.issubdtype(labels.dtype, np.integer):  # float labels would be truncated to classes silently
+        raise UserError(
+            f"{paths[0]} holds {labels.dtype} labels, not integers: it is not the released labels.npy"
+        )
     if labels.ndim != 1 or labels.shape[0] % SEVERITY_COUNT or not labels.shape[0]:
         raise UserError(f"{paths[0]} holds {labels.shape} labels, expected {SEVERITY_COUNT} blocks of N")
     per = labels.shape[0] // SEVERITY_COUNT

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..attack import autoattack as aa_trace
 from ..attack.grad import model_device
-from ..attack.memory import halving_on_oom
+from ..attack.memory import attack_batch, halving_on_oom
 from ..attack.rng import derive_seed
 from ..attack.runner import attack_info, robust_under_attack
 from ..attack.suites import SUBSET, AttackSpec, Suite, attack_params, load_suite
@@ -51,8 +51,8 @@ from .sanity import (
 
 WORST_CASE = "worst_case"
 # CPU: a 256-image batch is past the throughput knee for small CNNs and ResNet-18 (measured; see
-# docs/decisions.md, 'Attack batch size').
-DEFAULT_BATCH = {"cpu": 256, "cuda": 1024}
+# docs/decisions.md, 'Attack batch size'). CUDA: sized from the free memory (attack.memory.attack_batch).
+DEFAULT_BATCH = {"cpu": 256}
 
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:
@@ -308,7 +308,8 @@ def benchmark(
     x, y = x.detach().to(device), y.detach().to(device).long()
     bs = batch_size or DEFAULT_BATCH.get(device.type, 256)
     t0 = time.perf_counter()
-    clean, width = _clean_correct(model, x, y, bs, num_classes)
+    clean, width = _clean_correct(model, x, y, bs, num_classes)  # the labels checked first
+    bs = batch_size or attack_batch(model, x, y, bs)  # CUDA: from its free memory; else bs
     total = sum(len(s.eps) for s in suite.attacks)
     bar = tqdm(total=total, disable=not progress, desc="benchmark", unit="eps")
     run = _Run(model, x, y, clean, device, seed, bs, width, bar)

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..accel import check_compile
 from ..attack.suites import Suite
 from ..data import DatasetSpec
 from ..errors import UserError
 from ..results.finetune import AffConfig, AlfConfig
+from ..results.label_free import LabelFreeConfig
 from .probe import ProbeConfig
 
 __all__ = ["AttackOptions", "DataOptions", "EvalConfig", "OutputOptions", "ProbeOptions", "SourceOptions"]
@@ -49,7 +51,7 @@ class ProbeOptions:
     """How the attacked classifier is made: the protocol(s) and their settings."""
 
     probe: ProbeConfig | None = None  # seed None: the evaluation seed
-    protocol: str | Sequence[str] = "slf"  # slf | alf | aff or a comma list
+    protocol: str | Sequence[str] = "slf"  # slf | alf | aff | label-free or a comma list
     alf: AlfConfig | None = None
     aff: AffConfig | None = None
     heads: str | Path | None = None  # a folder of fitted linear heads to reuse (SLF)
@@ -57,6 +59,7 @@ class ProbeOptions:
     finetune_settings: str | Sequence[str] | None = None
     # the named finetuning recipe (eval/finetune_recipes.py): uniform | robustssl[:METHOD]
     finetune_recipe: str = "uniform"
+    label_free: LabelFreeConfig | None = None  # --protocol label-free: its settings (None: defaults)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,9 @@ class EvalConfig:
     output: OutputOptions = field(default_factory=OutputOptions)
     seed: int = 0
     device: str | None = None
+    # torch.compile the probe, finetuning and attacks: off | auto (on CUDA only) | on (accel.py);
+    # how the numbers are computed, never part of a row's identity (rows record it beside the device)
+    compile: str = "auto"
 
     def check(self) -> None:
         """One-line UserErrors for numbers that cannot be run (before anything is loaded)."""
@@ -100,6 +106,7 @@ class EvalConfig:
             raise UserError(f"--batch-size {batch_size}: must be >= 1")
         if self.probe.probe is not None:
             self.probe.probe.check()
+        check_compile(self.compile)
 
     @classmethod
     def from_keywords(
@@ -134,6 +141,8 @@ class EvalConfig:
         finetune_settings: str | Sequence[str] | None = None,
         finetune_recipe: str = "uniform",
         corruptions_from: str | None = None,
+        label_free: LabelFreeConfig | None = None,
+        compile: str = "auto",
     ) -> EvalConfig:
         """The configuration ``evaluate``'s keyword form describes (one keyword per field)."""
         return cls(
@@ -141,9 +150,12 @@ class EvalConfig:
                 dataset, transfer, shift, corruptions, severities, n_examples, data_root, corruptions_from
             ),
             source=SourceOptions(arch, fmt, normalize, name, control),
-            probe=ProbeOptions(probe, protocol, alf, aff, heads, finetune_settings, finetune_recipe),
+            probe=ProbeOptions(
+                probe, protocol, alf, aff, heads, finetune_settings, finetune_recipe, label_free
+            ),
             attack=AttackOptions(suite, batch_size, setting_suites),
             output=OutputOptions(out, force, save_heads, progress),
             seed=seed,
             device=device,
+            compile=compile,
         )

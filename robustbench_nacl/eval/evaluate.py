@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..attack.suites import Suite
@@ -27,14 +28,20 @@ from ..errors import UserError
 from ..io import refuse_reference_dir
 from ..models.dual_bn import has_dual_bn
 from ..results.finetune import AffConfig, AlfConfig
+from ..results.label_free import LABEL_FREE, LabelFreeConfig
+from ..results.label_free import identities as label_free_identities
 from ..results.rows import ROWS_DIR, ResultRow
-from ..utils import resolve_device
+from ..utils import device_class, resolve_device
 from .config import EvalConfig
+from .finetune import finetuning_protocols, parse_protocols
 from .finetune_recipes import check_recipe, recipe_plan
+from .label_free import attack_versions as label_free_versions
+from .label_free import data_for, image_folder, run_label_free
 from .probe import ProbeConfig
 from .recipe import checkpoint_fields
 from .runner import Job, rewrite_vanished, run_protocol
 from .settings import (
+    IdentityFields,
     expected_identities,
     finetune_configs,
     identity_fields,
@@ -90,6 +97,8 @@ def evaluate(
     finetune_settings: str | Sequence[str] | None = None,
     finetune_recipe: str = "uniform",
     corruptions_from: str | None = None,
+    label_free: LabelFreeConfig | None = None,
+    compile: str = "auto",
 ) -> Evaluation:
     """Probe and attack an encoder in every requested setting; returns the result rows.
 
@@ -114,7 +123,12 @@ def evaluate(
     (eval/finetune_recipes.py): ``uniform``, one protocol for every family, or ``robustssl``, the
     RobustSSL benchmark's per-method settings; it is part of every finetuned row's identity.
     ``corruptions_from``: a folder of the released CIFAR-10-C / CIFAR-100-C files, read instead of
-    computing the corruptions.
+    computing the corruptions. ``protocol="label-free"`` (alone or in the list) attacks the encoder's
+    representation itself, without a head (eval/label_free.py; ``label_free`` holds its settings):
+    in-domain only, and on an unlabeled image folder too (``dataset`` an existing directory, which
+    the labelled protocols refuse). ``compile`` (``off``, ``auto``: on CUDA only, ``on``) runs the
+    probe, the finetuning epochs and the attacks under ``torch.compile`` (robustbench_nacl/accel.py):
+    how the numbers are computed, recorded beside the device, never part of a row's identity.
     """
     keywords = EvalConfig.from_keywords(
         dataset=dataset, transfer=transfer, shift=shift, corruptions=corruptions, severities=severities,
@@ -123,7 +137,7 @@ def evaluate(
         data_root=data_root, progress=progress, name=name, heads=heads, save_heads=save_heads,
         protocol=protocol, alf=alf, aff=aff, setting_suites=setting_suites,
         finetune_settings=finetune_settings, finetune_recipe=finetune_recipe,
-        corruptions_from=corruptions_from,
+        corruptions_from=corruptions_from, label_free=label_free, compile=compile,
     )  # fmt: skip
     if config is not None and keywords != EvalConfig():
         raise UserError("evaluate(): pass either config= or keyword arguments, not both")
@@ -133,24 +147,11 @@ def evaluate(
 def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
     """:func:`evaluate` with its configuration in one object."""
     data, src, probing, output = cfg.data, cfg.source, cfg.probe, cfg.output
-    cfg.check()
-    finetune_configs(probing.protocol, probing.alf, probing.aff)  # checked before any loading
-    check_recipe(probing.finetune_recipe, probing.alf, probing.aff)
-    refuse_reference_dir(output.out)  # the repository's reference leaderboard is not a user's output folder
+    labelled, label_free, folder = _check_before_loading(checkpoint, cfg)
     dev = resolve_device(cfg.device)
     loaded_suite, suites = load_suites(cfg.attack.suite, cfg.attack.setting_suites)
     kinds = parse_setting_kinds(probing.finetune_settings, "finetune settings")
-    if data.corruptions_from is None:  # names are checked before any loading (released ones: below)
-        parse_corruptions(data.corruptions)  # type: ignore[arg-type]
-    parse_severities(data.severities)  # type: ignore[arg-type]
-    encoder, info = load_source(
-        checkpoint, data.dataset, arch=src.arch, fmt=src.fmt, normalize=src.normalize, name=src.name
-    )
-    if src.control and info.format == IN_MEMORY:
-        raise UserError("control=True needs a checkpoint: an in-memory module has no architecture to rebuild")
-    dataset = data.dataset or info.dataset
-    if not dataset:
-        raise UserError("pass --dataset: a foreign checkpoint does not say what it was trained on")
+    encoder, info, dataset = _load(checkpoint, cfg, folder)
     encoder, base = checkpoint_fields(
         encoder.to(dev).eval(), info, control=src.control, seed=cfg.seed, dataset=str(dataset)
     )
@@ -160,34 +161,122 @@ def _run(checkpoint: str | Path | nn.Module, cfg: EvalConfig) -> Evaluation:
         seed=cfg.seed,
         n_examples=data.n_examples,
         probe=probing.probe,
+        device_class=device_class(dev),
     )
-    settings = settings_for(
-        parse_spec(dataset),
-        data.transfer,
-        data.shift,
-        data.corruptions,
-        data.severities,
-        data.corruptions_from,
+    settings = (
+        []
+        if folder is not None
+        else settings_for(
+            parse_spec(dataset),
+            data.transfer,
+            data.shift,
+            data.corruptions,
+            data.severities,
+            data.corruptions_from,
+        )
     )
     all_rows: list[ResultRow] = []
     computed = 0
     out = Path(output.out)
-    plan = recipe_plan(
-        probing.finetune_recipe, probing.protocol, settings, kinds, alf=probing.alf, aff=probing.aff,
-        loss=base["loss"], dual_bn=has_dual_bn(encoder),
+    plan = (
+        recipe_plan(
+            probing.finetune_recipe, labelled, settings, kinds, alf=probing.alf, aff=probing.aff,
+            loss=base["loss"], dual_bn=has_dual_bn(encoder),
+        )
+        if labelled
+        else []
     )  # fmt: skip
     for finetune, run in plan:  # one pass per protocol and configuration (uniform SLF: no finetune field)
         job = Job(
             encoder, suites, base, fields.for_protocol(finetune), out, cfg.attack.batch_size, dev,
             output.progress, heads=Path(probing.heads) if probing.heads else None,
-            save_heads=output.save_heads, finetune=finetune,
+            save_heads=output.save_heads, finetune=finetune, compile=cfg.compile,
         )  # fmt: skip
         rows, n = run_protocol(job, run, force=output.force, data_root=data.data_root)
+        all_rows += rows
+        computed += n
+    if label_free is not None:  # the representation itself, in-domain (or the folder): no head
+        rows, n = _label_free_rows(encoder, cfg, label_free, (info, dataset, folder), base, fields, dev)
         all_rows += rows
         computed += n
     rewrite_vanished(out, all_rows)
     summary = _summary(out, base, info, src.control, computed=computed, reused=len(all_rows) - computed)
     return Evaluation(all_rows, summary, computed, len(all_rows) - computed)
+
+
+def _check_before_loading(
+    checkpoint: str | Path | nn.Module, cfg: EvalConfig
+) -> tuple[list[str], LabelFreeConfig | None, Path | None]:
+    """Every check that needs no checkpoint, each a one-line UserError, before anything is loaded;
+    returns the labelled protocols, the label-free settings (None: not asked) and the image folder."""
+    data, probing = cfg.data, cfg.probe
+    cfg.check()
+    labelled = finetuning_protocols(probing.protocol)  # one-line UserError for an unknown protocol
+    label_free = _label_free_config(probing.protocol, probing.label_free)
+    folder = image_folder(data.dataset)
+    if folder is not None and labelled:
+        raise UserError(
+            f"--dataset {data.dataset} is an unlabeled image folder: only --protocol label-free reads one "
+            f"({', '.join(labelled)} train{'s' if len(labelled) == 1 else ''} a head on labels)"
+        )
+    finetune_configs(probing.protocol, probing.alf, probing.aff)  # checked before any loading
+    check_recipe(probing.finetune_recipe, probing.alf, probing.aff)
+    refuse_reference_dir(cfg.output.out)  # the repository's reference leaderboard is not a user's output
+    if data.corruptions_from is None:  # names are checked before any loading (released ones: below)
+        parse_corruptions(data.corruptions)  # type: ignore[arg-type]
+    parse_severities(data.severities)  # type: ignore[arg-type]
+    if folder is not None and isinstance(checkpoint, nn.Module):
+        raise UserError("an image folder needs a checkpoint (its dataset sets the image size), not a module")
+    return labelled, label_free, folder
+
+
+def _load(
+    checkpoint: str | Path | nn.Module, cfg: EvalConfig, folder: Path | None
+) -> tuple[nn.Module, CheckpointInfo, str]:
+    """The encoder, what it is (CheckpointInfo) and the dataset its rows are measured on."""
+    src = cfg.source
+    encoder, info = load_source(
+        checkpoint,
+        None if folder is not None else cfg.data.dataset,
+        arch=src.arch,
+        fmt=src.fmt,
+        normalize=src.normalize,
+        name=src.name,
+    )
+    if src.control and info.format == IN_MEMORY:
+        raise UserError("control=True needs a checkpoint: an in-memory module has no architecture to rebuild")
+    dataset = folder.name if folder is not None else cfg.data.dataset or info.dataset
+    if not dataset:
+        raise UserError("pass --dataset: a foreign checkpoint does not say what it was trained on")
+    return encoder, info, str(dataset)
+
+
+def _label_free_rows(
+    encoder: nn.Module,
+    cfg: EvalConfig,
+    label_free: LabelFreeConfig,
+    source: tuple[CheckpointInfo, str, Path | None],
+    base: dict[str, Any],
+    fields: IdentityFields,
+    dev: torch.device,
+) -> tuple[list[ResultRow], int]:
+    """The label-free protocol's rows: the in-domain test split, or the image folder (``source``:
+    the checkpoint's info, the dataset and the folder)."""
+    info, dataset, folder = source
+    data = cfg.data
+    spec = parse_spec(info.dataset).info if folder is not None and info.dataset else {}
+    lf_data = data_for(
+        str(parse_spec(dataset).canonical()) if folder is None else str(folder),
+        folder,
+        int(spec["channels"]) if spec else None,
+        int(spec["size"]) if spec else None,
+        data.data_root,
+    )
+    return run_label_free(
+        encoder, lf_data, label_free, base=base, seed=cfg.seed, n_examples=data.n_examples,
+        probe=cfg.probe.probe or ProbeConfig(), out=Path(cfg.output.out), force=cfg.output.force,
+        device=dev, batch_size=cfg.attack.batch_size, device_class=fields.device_class,
+    )  # fmt: skip
 
 
 def planned_identities(
@@ -210,6 +299,8 @@ def planned_identities(
     loss: str | None = None,
     dual_bn: bool = False,
     corruptions_from: str | None = None,
+    label_free: LabelFreeConfig | None = None,
+    device: str | None = None,
     **_: Any,
 ) -> list[dict[str, Any]]:
     """Identities of every row ``evaluate(checkpoint, dataset=dataset, **kwargs)`` writes, computed
@@ -219,21 +310,54 @@ def planned_identities(
     caller that evaluates with a dict of arguments checks completeness with the very same dict. What
     the identities need of the checkpoint itself: ``loss`` (its family: a named recipe's settings
     depend on it) and ``dual_bn`` (whether it has dual BatchNorm: its AFF rows record dual-BN TRADES).
+    ``device``: where the rows would be computed (their device class; None: a CPU).
     """
     loaded, suites = load_suites(suite, setting_suites)
     kinds = parse_setting_kinds(finetune_settings, "finetune settings")
-    fields = identity_fields(loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe)
+    fields = identity_fields(
+        loaded, sha=None, seed=seed, n_examples=n_examples, probe=probe, device_class=_planned_class(device)
+    )
     settings = settings_for(dataset, transfer, shift, corruptions, severities, corruptions_from)
     check_recipe(finetune_recipe, alf, aff)
-    plan = recipe_plan(
-        finetune_recipe, protocol, settings, kinds, alf=alf, aff=aff, loss=loss, dual_bn=dual_bn
+    labelled = finetuning_protocols(protocol)
+    plan = (
+        recipe_plan(finetune_recipe, labelled, settings, kinds, alf=alf, aff=aff, loss=loss, dual_bn=dual_bn)
+        if labelled
+        else []
     )
     out = []
     for cfg, run in plan:  # as evaluate does
         pfields = fields.for_protocol(cfg)
         for s in run:
             out += expected_identities(s, suites[s.name], pfields.for_suite(suites[s.name]))
+    lf = _label_free_config(protocol, label_free)
+    if lf is not None:  # as run_label_free plans them (the in-domain test split is labelled)
+        out += label_free_identities(
+            lf, dataset=settings[0].dataset, checkpoint_sha256=None, seed=seed, n_examples=n_examples,
+            probe_config=fields.probe.as_dict(), attack_versions=label_free_versions(), labelled=True,
+            device_class=fields.device_class,
+        )  # fmt: skip
     return out
+
+
+def _planned_class(device: str | None) -> str | None:
+    """The device class rows planned for ``device`` record (None: a CPU, or no device given). The
+    name of a GPU is read from the GPU itself, so planning for one needs one."""
+    return None if device is None else device_class(resolve_device(device))
+
+
+def _label_free_config(
+    protocol: str | Sequence[str], given: LabelFreeConfig | None
+) -> LabelFreeConfig | None:
+    """The label-free protocol's settings when it is asked for (checked), else None; its settings
+    given without it are a one-line UserError (they would be silently ignored)."""
+    if LABEL_FREE not in parse_protocols(protocol):
+        if given is not None and given != LabelFreeConfig():
+            raise UserError("label-free settings given: add label-free to the protocol, or drop them")
+        return None
+    cfg = given or LabelFreeConfig()
+    cfg.check()
+    return cfg
 
 
 def _summary(

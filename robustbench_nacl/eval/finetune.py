@@ -48,6 +48,7 @@ from ..results.finetune import (
     resolve_dual_bn,
     resolved_step,
 )
+from ..results.label_free import LABEL_FREE
 from .finetune_loop import Run, run_epochs
 from .probe import (
     ProbeConfig,
@@ -66,16 +67,25 @@ DUAL_ROUTES = ("clean", "adv")
 
 
 def parse_protocols(text: str | list[str] | tuple[str, ...]) -> list[str]:
-    """``"slf,alf"`` -> ``["slf", "alf"]`` (order kept, duplicates dropped); one-line UserError otherwise."""
+    """``"slf,alf"`` -> ``["slf", "alf"]`` (order kept, duplicates dropped); one-line UserError otherwise.
+
+    ``label-free`` (eval/label_free.py: no head, no finetuning) is accepted beside the finetuning
+    protocols; :func:`finetuning_protocols` drops it for the code that fits classifiers."""
     parts = text.split(",") if isinstance(text, str) else [p for t in text for p in str(t).split(",")]
     names = [p.strip().lower() for p in parts]
-    bad = [p for p in names if p not in PROTOCOLS]
+    valid = (*PROTOCOLS, LABEL_FREE)
+    bad = [p for p in names if p not in valid]
     if bad or not names:
         raise UserError(
             f"protocol {','.join(bad) or text!r}: choose one or more of "
-            f"{', '.join(PROTOCOLS)}, comma-separated (e.g. slf,alf,aff)"
+            f"{', '.join(valid)}, comma-separated (e.g. slf,alf,aff)"
         )
     return list(dict.fromkeys(names))
+
+
+def finetuning_protocols(text: str | list[str] | tuple[str, ...]) -> list[str]:
+    """The protocols of ``text`` that fit a classifier (slf, alf, aff): label-free left out."""
+    return [p for p in parse_protocols(text) if p != LABEL_FREE]
 
 
 # ============ the training adversaries ============

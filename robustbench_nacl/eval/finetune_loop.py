@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..accel import compiled_in_place, current_plan, fused
 from ..io import atomic_open
 from ..results.finetune import FinetuneConfig, milestones
 
@@ -96,10 +97,29 @@ def run_epochs(run: Run, step: Callable[[Tensor, Tensor, torch.Generator], None]
     After every ``run.save_every`` epochs (and the last) the modules' state dicts and the optimizer's
     state are saved atomically; a saved state is resumed from (loaded with ``weights_only=True``)."""
     cfg = run.cfg
-    opt = torch.optim.SGD(run.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    start = resume_state(run.state_path, run.modules, opt, what="finetuning")
     device = run.params[0].device
+    # accel.compiling's setting (evaluate's --compile; eager outside one): on CUDA, the modules run
+    # compiled for the epochs and SGD is fused
+    plan = current_plan(device, "finetune")
+    opt = torch.optim.SGD(run.params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = fused(opt, plan)
+    start = resume_state(run.state_path, run.modules, opt, what="finetuning")
+    with compiled_in_place(run.modules.values(), plan):
+        _epochs(run, step, opt, start, device)
+
+
+def _epochs(
+    run: Run,
+    step: Callable[[Tensor, Tensor, torch.Generator], None],
+    opt: torch.optim.Optimizer,
+    start: int,
+    device: torch.device,
+) -> None:
+    """:func:`run_epochs`' loop from epoch ``start``."""
+    cfg = run.cfg
     n, bs = len(run.x), min(cfg.batch_size, len(run.x))
+    # on an accelerator the uint8 images move there once, not one batch per step (the same values)
+    x, y = (run.x, run.y) if device.type == "cpu" else (run.x.to(device), run.y.to(device))
     bar = tqdm(range(start, cfg.epochs), desc=cfg.protocol, disable=not run.progress, leave=False)
     for epoch in bar:
         for g in opt.param_groups:
@@ -108,8 +128,8 @@ def run_epochs(run: Run, step: Callable[[Tensor, Tensor, torch.Generator], None]
         perm = torch.randperm(n, generator=gen)
         for i in range(0, n, bs):
             idx = perm[i : i + bs]
-            xb = augment_batch(run.x[idx].to(device).float().div_(255), cfg.augment, gen)
-            step(xb, run.y[idx].to(device), gen)
+            xb = augment_batch(x[idx].to(device).float().div_(255), cfg.augment, gen)
+            step(xb, y[idx].to(device), gen)
             opt.step()
             opt.zero_grad(set_to_none=True)
         if (epoch + 1) % run.save_every == 0 or epoch + 1 == cfg.epochs:

@@ -3,6 +3,7 @@ evaluated, what trained them (:func:`recipe_of`), and the plugins involved."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ from torch import nn
 
 from .. import plugins
 from ..data import canonical_spec
+from ..errors import UserError
+from ..models.checkpoint import portable_loss_params, read_manifest
+from ..packaged import published_dir
 from ..results.rows import KEY_PARAMS, ROW_FORMAT
 from .source import IN_MEMORY, CheckpointInfo, random_init_like, weights_sha256
 
@@ -42,7 +46,10 @@ def key_params(loss_params: dict[str, Any] | None) -> str:
 
 def _shown(value: Any) -> Any:
     """A parameter as the leaderboard shows it: an absolute path (DeACL's ``teacher``) by its last
-    component, the checkpoint's folder name (its zoo id), not a path of the machine that ran it."""
+    component, the checkpoint's folder name (its zoo id), not a path of the machine that ran it; a
+    teacher named by id and sha256 (a published manifest's, hub/portable.py) by its id."""
+    if isinstance(value, dict) and isinstance(value.get("id"), str):
+        return value["id"]
     if isinstance(value, str) and Path(value).is_absolute():
         return Path(value).name
     return value
@@ -115,12 +122,12 @@ def checkpoint_fields(
     pretrain = info.dataset
     base = {
         "row_format": ROW_FORMAT,
-        "checkpoint": info.source,
+        "checkpoint": ckpt_id if control else _source(info),
         "checkpoint_id": ckpt_id,
         "checkpoint_sha256": sha,
         "encoder": info.encoder,
         "loss": loss,
-        "loss_params": loss_params,
+        "loss_params": portable_loss_params(loss_params, _teacher_block(info)),
         "key_params": key_params(loss_params),
         "control": control,
         "pretrain_dataset": canonical_spec(pretrain) if pretrain else None,
@@ -135,6 +142,34 @@ def checkpoint_fields(
     # NHWC convolutions: the same weights, 1.6-1.9x faster inference of convnet_small on CPU (and the
     # tensor-core layout on GPUs); NCHW inputs are accepted and the outputs follow the weights' format
     return encoder.to(memory_format=torch.channels_last), base
+
+
+def _teacher_block(info: CheckpointInfo) -> Any:
+    """The ``teacher`` block of the checkpoint's manifest (its id and sha256), None where it has none."""
+    if info.format != "ours" or not isinstance(info.loss_params, dict):
+        return None
+    try:
+        return read_manifest(info.source).get("teacher")
+    except UserError:  # read once already by the loader: a vanished file names its teacher by folder
+        return None
+
+
+def _source(info: CheckpointInfo) -> str:
+    """What rows call ``checkpoint`` (a random-init control's rows: the control's id): the path given,
+    but a published model's as its path inside the package's published sets (``demo/models/NAME``),
+    not the installation's folder, a download cache or a zoo's folder on this machine. A published
+    model is one by location, or by content (a manifest id of a published model with its weights'
+    sha256: a copy, or the zoo's own checkpoint of a published entry); hub/portable.py's rule, which
+    rewrote the rows that ship."""
+    with contextlib.suppress(ValueError, OSError):
+        return Path(info.source).resolve().relative_to(published_dir().resolve()).as_posix()
+    if info.format == "ours" and info.checkpoint_id:
+        from ..hub.portable import published_index, published_reference
+
+        found = published_reference(info.checkpoint_id, info.sha256, published_index())
+        if found:
+            return found
+    return info.source
 
 
 def row_plugins(info: CheckpointInfo) -> list[dict[str, Any]]:

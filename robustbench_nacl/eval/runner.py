@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .. import accel
 from ..attack.rng import derive_seed
 from ..attack.suites import Suite
 from ..data import ImageData, load_dataset
@@ -32,7 +33,7 @@ from .finetune import fit_protocol, run_key
 from .heads import HEADS_DIR, head_key, load_head, save_head
 from .probe import ProbedClassifier, ProbeResult, fit_linear_probe
 from .sanity import add_flags, check_alf_fit, check_finetune_chance, check_probe_fit
-from .settings import IdentityFields, Setting, corruption_fields, expected_identities
+from .settings import IdentityFields, Setting, corruption_fields, device_fields, expected_identities
 
 __all__ = ["Job", "rewrite_vanished", "run_protocol"]
 
@@ -54,6 +55,7 @@ class Job:
     heads: Path | None = None  # a folder of fitted heads to reuse (published models ship theirs)
     save_heads: bool = False  # write each fitted head to out/heads/
     finetune: FinetuneConfig | None = None  # ALF/AFF; None: SLF
+    compile: str = "auto"  # accel.COMPILE_CHOICES: how the probe, finetuning and attacks run
     _idents: dict[str, IdentityFields] = field(default_factory=dict, init=False, repr=False)
 
     def suite_of(self, setting: Setting) -> tuple[Suite, IdentityFields]:
@@ -146,11 +148,14 @@ def _run_setting(
     x_test, y_test = test.x[:n], test.y[:n]  # the first n test examples: fixed and documented
     if setting.corruption:
         x_test = _corrupted(job, setting, x_test, y_test)
-    classifier, probe_result, finetuned = _fit(job, setting, train, test)
+    with accel.compiling(job.compile):  # the probe's step and the finetuning epochs read it
+        classifier, probe_result, finetuned = _fit(job, setting, train, test)
     probe_s = time.perf_counter() - t0
     suite, _ = job.suite_of(setting)
+    # the attacks call a compiled wrapper; the classifier itself (cached, copied) stays as it is
+    attacked = accel.compile_module(classifier, accel.compile_plan(job.compile, job.device, "attack"))
     measured = benchmark(
-        classifier,
+        attacked,
         x_test.float().div(255),
         y_test,
         suite,
@@ -170,6 +175,7 @@ def _run_setting(
         "num_classes": train.num_classes,
         "versions": versions(),
         "device": device_name(job.device),
+        **accel.recorded(job.compile, job.device),  # "compile", only when not eager
         "probe_wall_s": round(probe_s, 3),
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         **finetuned,  # ALF/AFF: the protocol's settings (and AFF's weights sha256); SLF: nothing
@@ -255,9 +261,13 @@ def _fit(
             dataset=setting.dataset,
             probe=probe.as_dict(),
         )
-        fitted = fit_protocol(
-            job.finetune, encoder, train, test, probe, out=job.out, key=key, progress=job.progress
-        )
+        # the encoder copy runs compiled during the fit (ALF's PGD and features go through it; AFF
+        # finetunes its own copy, compiled by the epoch loop), and is eager again afterwards
+        plan = accel.compile_plan(job.compile, job.device, "finetune")
+        with accel.compiled_in_place([encoder], plan):
+            fitted = fit_protocol(
+                job.finetune, encoder, train, test, probe, out=job.out, key=key, progress=job.progress
+            )
         if not isinstance(job.finetune, AffConfig):  # ALF trains the head only: the encoder stays as it was
             _check_unchanged(before, fitted[0].encoder)
     if shared:
@@ -309,6 +319,7 @@ def _make_row(job: Job, setting: Setting, r: dict[str, Any], shared: dict[str, A
         "n_examples_requested": job.ident.n_examples,
         "probe_config": job.ident.probe.as_dict(),
         "attack_versions": ident.attack_versions,
+        **device_fields(ident.device_class),  # absent on a CPU
         **shared,
     }
     return ResultRow.from_json(results.stamp_ids(row))

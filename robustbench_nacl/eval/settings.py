@@ -20,7 +20,7 @@ from ..results import rows as results
 from ..results.finetune import AffConfig, AlfConfig, FinetuneConfig
 from ..utils import versions
 from .benchmark import WORST_CASE
-from .finetune import parse_protocols
+from .finetune import finetuning_protocols
 from .probe import ProbeConfig
 
 __all__ = [
@@ -192,13 +192,14 @@ def load_suites(suite: str | Any, setting_suites: dict[str, Any] | None) -> tupl
 def finetune_configs(
     protocol: str | Sequence[str], alf: AlfConfig | None, aff: AffConfig | None
 ) -> list[FinetuneConfig | None]:
-    """The configuration of each requested protocol (None for SLF), checked before any work."""
+    """The configuration of each requested finetuning protocol (None for SLF), checked before any
+    work (label-free fits no classifier: it has none here)."""
     table: dict[str, FinetuneConfig | None] = {
         "slf": None,
         "alf": alf or AlfConfig(),
         "aff": aff or AffConfig(),
     }
-    out = [table[p] for p in parse_protocols(protocol)]
+    out = [table[p] for p in finetuning_protocols(protocol)]
     for cfg in out:
         if cfg is not None:
             cfg.check()
@@ -235,6 +236,7 @@ class IdentityFields:
     probe: ProbeConfig  # its seed resolved
     attack_versions: dict[str, str]
     finetune: dict[str, Any] | None = None  # ALF/AFF: the protocol's ``identity()``; SLF: None
+    device_class: str | None = None  # utils.device_class: None on a CPU (the key is then absent)
 
     def for_protocol(self, cfg: FinetuneConfig | None) -> IdentityFields:
         """These fields under a protocol (SLF, None, has no finetune field)."""
@@ -265,7 +267,13 @@ class IdentityFields:
             **corruption_fields(setting),
             # ALF/AFF settings; SLF identities have no such key, so their ids are what they always were
             **({results.FINETUNE: self.finetune} if self.finetune else {}),
+            **device_fields(self.device_class),
         }
+
+
+def device_fields(device_class: str | None) -> dict[str, Any]:
+    """``device_class`` as an identity field: absent on a CPU, so CPU rows keep the ids they had."""
+    return {results.DEVICE_CLASS: device_class} if device_class is not None else {}
 
 
 def corruption_fields(setting: Setting) -> dict[str, Any]:
@@ -290,9 +298,16 @@ def expected_identities(setting: Setting, suite: Suite, fields: IdentityFields) 
 
 
 def identity_fields(
-    suite: Suite, *, sha: str | None, seed: int, n_examples: int | None, probe: ProbeConfig | None
+    suite: Suite,
+    *,
+    sha: str | None,
+    seed: int,
+    n_examples: int | None,
+    probe: ProbeConfig | None,
+    device_class: str | None = None,
 ) -> IdentityFields:
-    """The identity fields every row of one evaluation shares (SLF; see IdentityFields.for_protocol)."""
+    """The identity fields every row of one evaluation shares (SLF; see IdentityFields.for_protocol);
+    ``device_class``: :func:`~..utils.device_class` of the device it runs on."""
     probe = probe or ProbeConfig()
     probe = dataclasses.replace(probe, seed=seed if probe.seed is None else probe.seed)
-    return IdentityFields(sha, seed, n_examples, probe, attack_versions(suite))
+    return IdentityFields(sha, seed, n_examples, probe, attack_versions(suite), device_class=device_class)

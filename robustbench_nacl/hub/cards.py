@@ -166,6 +166,8 @@ def card_of_rows(rows: Iterable[Mapping[str, Any]], **info: Any) -> dict[str, An
         **info,
     }
     card = build_card(own, **fields)
+    # where the numbers were computed: a CPU's and a GPU's rows of one protocol differ in arithmetic
+    card["devices"] = sorted({r.get("device_class") or "cpu" for r in rows})
     for name in ("alf", "aff"):
         if name in first_of:
             mine = [r for r in rows if r["protocol_id"] == first_of[name]["protocol_id"]]

@@ -10,9 +10,10 @@ deleted before it reaches the cache, so a wrong URL fails once and a corrected o
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
-import shutil
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -52,24 +53,56 @@ def check_url(url: str, what: str = "the URL") -> str:
     return url
 
 
-def download(url: str, target: Path, sha256: str, fix: str) -> None:
+#: The most bytes one download may bring (published weights are a few MB; the largest encoder a zoo
+#: trains is under 100 MB): a server that streams for ever fills no disk.
+MAX_DOWNLOAD = 1 << 30
+#: Seconds one download may take in all: a server sending a byte every few seconds (under any
+#: per-read timeout) is cut off all the same.
+DOWNLOAD_DEADLINE_S = 600.0
+#: Seconds one read may wait (the deadline bounds the whole).
+READ_TIMEOUT_S = 60.0
+
+
+def download(url: str, target: Path, sha256: str, fix: str, *, max_bytes: int | None = None) -> None:
     """Download ``url`` to ``target`` atomically; a file that does not have ``sha256`` is deleted
-    before it reaches ``target``, so the cache never holds a damaged or wrong download."""
+    before it reaches ``target``, so the cache never holds a damaged or wrong download.
+
+    At most ``max_bytes`` (default :data:`MAX_DOWNLOAD`; a larger declared Content-Length is refused
+    before a byte is read) within :data:`DOWNLOAD_DEADLINE_S` seconds; the ``.part`` file is removed
+    on every way out but a kill (the next download overwrites it).
+    """
     check_url(url)
+    limit = MAX_DOWNLOAD if max_bytes is None else max_bytes
     tmp = target.with_name(f".{target.name}.part")
     target.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + DOWNLOAD_DEADLINE_S
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
+        with urllib.request.urlopen(url, timeout=READ_TIMEOUT_S) as response, open(tmp, "wb") as f:
             if urllib.parse.urlsplit(response.geturl()).scheme.lower() not in SCHEMES:
                 raise ValueError(f"redirected to {response.geturl()[:80]}")  # never off http(s)
-            shutil.copyfileobj(response, f)
-    except (urllib.error.URLError, OSError, ValueError) as e:
+            declared = response.headers.get("Content-Length")
+            if declared and declared.strip().isdigit() and int(declared) > limit:
+                raise ValueError(f"it declares {int(declared)} bytes, over the {limit}-byte limit")
+            size = 0
+            # read1: at most one read from the socket per call, so the deadline is looked at between
+            # every few bytes a slow server sends, not only once a whole block has arrived
+            while block := response.read1(1 << 20):
+                size += len(block)
+                if size > limit:
+                    raise ValueError(f"it sends more than the {limit}-byte limit")
+                if time.monotonic() > deadline:
+                    raise ValueError(f"it took more than {DOWNLOAD_DEADLINE_S:g} s")
+                f.write(block)
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, urllib.error.HTTPError):
             reason: object = f"HTTP {e.code} {e.reason}"
         else:
             reason = getattr(e, "reason", None) or e
         raise UserError(f"cannot download {url} ({' '.join(str(reason).split())[:120]}); {fix}") from None
+    except BaseException:  # an interrupt: no .part left behind
+        tmp.unlink(missing_ok=True)
+        raise
     if (actual := sha256_file(tmp)) != sha256:
         tmp.unlink(missing_ok=True)
         raise UserError(

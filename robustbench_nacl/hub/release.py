@@ -20,7 +20,13 @@ from typing import Any
 from ..errors import UserError
 from ..eval.heads import HEADS_DIR, head_key, head_path
 from ..io import sha256_file, write_json_atomic
-from ..models.checkpoint import WEIGHTS, pinned_file_problem, pinned_files, read_manifest
+from ..models.checkpoint import (
+    WEIGHTS,
+    pinned_file_problem,
+    pinned_files,
+    portable_manifest,
+    read_manifest,
+)
 from ..packaged import published_dir
 from ..pipeline import control_id, expected_rows
 from ..results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
@@ -28,6 +34,7 @@ from ..zoo import ZooEntry, checkpoint_dir, write_entry
 from .cards import bn_branch, card_of_rows, write_card
 from .catalog import CARD, HEAD_PINS, MODELS_DIR
 from .load import head_pins, head_problem
+from .portable import Published, portable_row, published_index
 
 #: The trainer's per-epoch log (kNN and quick-probe accuracy): published beside the weights.
 LOG = "log.jsonl"
@@ -110,7 +117,8 @@ def publish_model(entry: ZooEntry, ckpts: Path, rows: list[ResultRow], target: P
     if (src / LOG).is_file():  # the learning curve (`zoo curves --out <set>/models` draws it)
         shutil.copyfile(src / LOG, dest / LOG)
     copy_pinned_files(src, dest, manifest)
-    write_json_atomic(dest / "manifest.json", {**manifest, "weights": WEIGHTS})
+    # the teacher and parent by id and sha256: no path of the machine that trained it ships
+    write_json_atomic(dest / "manifest.json", portable_manifest({**manifest, "weights": WEIGHTS}))
     reported = json.loads((published_dir() / "paper_reported.json").read_text()).get(entry.loss, [])
     card = card_of_rows(
         rows,
@@ -157,17 +165,17 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
     for cid in sorted({control_id(e) for e in entries}):
         keep += [r for r in all_rows if r["checkpoint_id"] == cid]
     heads = _head_sources(keep, board, target)
+    # the path of the machine that measured them means nothing to a reader: the rows name their
+    # checkpoint in the package and a DeACL teacher by id and sha256, as `eval --model` rows do
+    # (each entry's teacher block is read from the checkpoint about to be published)
+    index = published_index(target.parent) | {
+        e.id: Published(e.id, name, checkpoint_dir(e, ckpts), sha) for e, _, sha in by_entry
+    }
+    packed = [ResultRow.from_json(portable_row(r, index)) for r in keep]
     for e, rows, _ in by_entry:
         publish_model(e, Path(ckpts), rows, target)
     _copy_heads(heads, target)
-    # the path of the machine that measured them means nothing to a reader
-    write_row_pack(
-        target,
-        [
-            ResultRow.from_json({**r.to_json(), "checkpoint": f"{MODELS_DIR}/{r['checkpoint_id']}"})
-            for r in keep
-        ],
-    )
+    write_row_pack(target, packed)
     shutil.rmtree(target / ROWS_DIR, ignore_errors=True)  # one file per row, as sets were published before
     for e, _, sha in by_entry:  # the zoo manifests now name the weights their entries published
         write_entry(replace(e, weights_sha256=sha))

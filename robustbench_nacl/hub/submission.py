@@ -29,7 +29,8 @@ from ..errors import UserError
 from ..io import sha256_file, write_json_atomic
 from ..models.checkpoint import WEIGHTS, read_manifest
 from ..results.bits import decode_bits
-from ..results.rows import ResultRow, load_rows, write_row
+from ..results.rows import DEVICE_CLASS, ResultRow, load_rows, row_id, write_row
+from ..untrusted import safe_name
 from .cards import card_schema
 from .download import cached_download, check_url, sha_folder
 
@@ -158,20 +159,56 @@ def _sample(groups: list[Group], k: int, seed: str) -> list[Group]:
     return first + random.Random(seed).sample(rest, max(0, min(k - len(first), len(rest))))
 
 
-def _recompute(ckpt: Path, folder: Path, rows: list[ResultRow], chosen: list[Group], device: str) -> Path:
-    """Evaluate the chosen settings into a fresh folder that already holds the other rows (so only
-    the chosen ones are computed); returns that folder."""
+def _packaged_suite(row: ResultRow) -> Any:
+    """The rows' suite, a packaged one by name whose sha256 is the rows' (a submission never names a
+    file to read: a path could be /dev/zero or a FIFO)."""
     from ..attack.suites import load_suite
-    from ..eval.evaluate import evaluate
+    from ..packaged import attacks_dir
+
+    name = safe_name(row["suite"], "the rows' suite")
+    path = attacks_dir() / f"{name}.toml"
+    if not path.is_file():
+        raise UserError(
+            f"the rows' suite {name!r} is not one robustbench-nacl ships: evaluate with a named suite"
+        )
+    suite = load_suite(path)
+    if suite.sha256 != row["suite_sha256"]:
+        raise UserError(f"the rows' suite {name!r} is not this installation's: update robustbench-nacl")
+    return suite
+
+
+def _probe(row: ResultRow) -> Any:
+    """The rows' probe settings, refused in one line when a key is unknown or a budget is over the
+    reference protocol's (a submission must not make the check train a probe for ever)."""
+    from dataclasses import fields
+
     from ..eval.probe import ProbeConfig
 
+    given = dict(row["probe_config"])
+    known = {f.name for f in fields(ProbeConfig)}
+    if unknown := sorted(set(given) - known):
+        raise UserError(f"the rows' probe_config has unknown key(s) {', '.join(unknown)[:80]}: re-run `eval`")
+    probe = ProbeConfig(**given)
+    probe.check()
+    reference = ProbeConfig()
+    for name in ("epochs", "knn_k"):
+        if getattr(probe, name) > getattr(reference, name):
+            raise UserError(
+                f"the rows' probe_config.{name} {getattr(probe, name)} is over the reference protocol's "
+                f"{getattr(reference, name)}: a submission is evaluated under the reference protocol"
+            )
+    return probe
+
+
+def _recompute(
+    ckpt: Path, folder: Path, rows: list[ResultRow], chosen: list[Group], device: str, out: Path
+) -> None:
+    """Evaluate the chosen settings into ``out``, a fresh folder that first gets the other rows (so
+    only the chosen ones are computed; each row file is named by its checked content address)."""
+    from ..eval.evaluate import evaluate
+
     first = rows[0]
-    suite = load_suite(first["suite"])
-    if suite.sha256 != first["suite_sha256"]:
-        raise UserError(
-            f"the rows' suite {first['suite']!r} is not this installation's: update robustbench-nacl"
-        )
-    out = Path(tempfile.mkdtemp(prefix="rbn-verify-"))
+    suite, probe = _packaged_suite(first), _probe(first)
     for r in rows:
         if (r["setting"], r["dataset"]) not in chosen:
             write_row(out, r)
@@ -186,12 +223,17 @@ def _recompute(ckpt: Path, folder: Path, rows: list[ResultRow], chosen: list[Gro
         out=out,
         n_examples=first["n_examples"],
         seed=first["seed"],
-        probe=ProbeConfig(**dict(first["probe_config"])),
+        probe=probe,
         heads=folder / "heads",
         device=device,
         progress=False,
     )
-    return out
+
+
+def _key(row: ResultRow) -> str:
+    """A row's id without its device class: rows a GPU measured are recomputed here on this device
+    and compared example by example (``--tolerance`` covers what the arithmetic moves)."""
+    return row_id({**row.to_json(), DEVICE_CLASS: None})
 
 
 def _compare(mine: ResultRow, theirs: ResultRow, tolerance: int) -> str | None:
@@ -237,14 +279,15 @@ def verify_submission(
     for r in rows:
         by_group[(r["setting"], r["dataset"])].append(r)
     chosen = _sample(sorted(by_group), settings, sha)
-    out = _recompute(ckpt, folder, rows, chosen, device)
-    try:
-        recomputed = {r.row_id: r for r in load_rows(out) if (r["setting"], r["dataset"]) in chosen}
+    out = Path(tempfile.mkdtemp(prefix="rbn-verify-"))
+    try:  # removed on every way out (a refusal, a failed evaluation, an interrupt)
+        _recompute(ckpt, folder, rows, chosen, device, out)
+        recomputed = {_key(r): r for r in load_rows(out) if (r["setting"], r["dataset"]) in chosen}
     finally:
         shutil.rmtree(out, ignore_errors=True)
     for g in chosen:
         for theirs in by_group[g]:
-            mine = recomputed.get(theirs.row_id)
+            mine = recomputed.get(_key(theirs))
             why = (
                 f"row {theirs.row_id}: not reproduced under this installation's protocol"
                 if mine is None

@@ -50,8 +50,8 @@ def task_states(tasks: list[Task]) -> list[WorkState]:
         current.setdefault(t.board, {}).update(current_sha256([t.entry], t.ckpts))
     out = []
     for t in tasks:
-        if t.board not in rows:
-            rows[t.board] = rows_done(t.board, current[t.board])
+        if t.board not in rows:  # the rows of the device class the tasks run on
+            rows[t.board] = rows_done(t.board, current[t.board], device=t.device)
         out.append(_state(t, rows[t.board], records[t.key], probes.get(t.key)))
     return out
 

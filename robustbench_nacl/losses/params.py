@@ -202,7 +202,12 @@ def bad_param(msg: str) -> UserError:
 
 
 def check_ranges(p: LossParams) -> None:
-    """Every numeric parameter against its valid range."""
+    """Every numeric parameter against its valid range (every float finite first: a NaN passes
+    every comparison below and is only found when the manifest is written, after training)."""
+    for f in dataclasses.fields(p):
+        v = getattr(p, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise bad_param(f"{f.name}={v}; must be a finite number")
     if p.M < 1:
         raise bad_param(f"M={p.M}; M must be >= 1")
     if p.lam is not None and not 0.0 <= p.lam <= 1.0:

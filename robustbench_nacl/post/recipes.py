@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..registry import Registry
+from ..untrusted import MAX_FLOAT
 
 #: where the attack of AFT starts: ``x`` itself (DynACL LPAFT.py's single-BN ``trades_loss``; AIR's
 #: April-2023 ``trades_loss_dual``) or ``x + 0.001 N(0,1)`` (TRADES' own start; AIR's October-2023 one)
@@ -73,11 +74,11 @@ class PostRecipe:
             raise UserError(f"post recipe {self.name}: clusters {self.clusters!r} must be an integer >= 2")
         for k in ("kmeans_tol", "lp_lr", "aft_lr", "eps", "step_size", "aft_gamma", "bn_momentum"):
             v = getattr(self, k)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+            if not (isinstance(v, int | float) and math.isfinite(v) and 0 < v <= MAX_FLOAT):
                 raise UserError(f"post recipe {self.name}: {k} {v!r} must be a finite number > 0")
         for k in ("lp_momentum", "lp_weight_decay", "aft_momentum", "aft_weight_decay", "beta"):
             v = getattr(self, k)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+            if not (isinstance(v, int | float) and math.isfinite(v) and 0 <= v <= MAX_FLOAT):
                 raise UserError(f"post recipe {self.name}: {k} {v!r} must be a finite number >= 0")
         if self.trades_start not in TRADES_STARTS:
             raise UserError(

@@ -1,35 +1,29 @@
-"""Rows -> recipes, protocols, entries and tables: everything the renderers share.
+"""Rows -> recipes, protocols and entries: the grouping every renderer starts from.
 
 A *recipe* is what was trained (``recipe_id``: the training configuration minus the seed); a
 *protocol* is how it was measured (``protocol_id``: dataset, setting, suite, probe, kNN, number of
 examples, attack versions). An *entry* is one recipe under one protocol, aggregated over its *runs*
 (one run = one checkpoint x evaluation seed x probe seed) as mean and sample standard deviation
-(ddof = 1). A *table* holds the entries that may be ranked together: one protocol (for the shift
-setting, one protocol up to the shift variant). Rows of different recipes are never averaged and
-rows of different protocols are never ranked together (see docs/decisions.md, 'Result rows,
-recipes and protocols').
+(ddof = 1). Rows of different recipes are never averaged; which entries are ranked together is
+:mod:`.tables`, and what the renderers share besides is :mod:`.context` (see docs/decisions.md,
+'Result rows, recipes and protocols').
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UserError
-from ..results.eps import eps_label
-from ..results.finetune import PROTOCOLS
-from ..results.rows import KEY_PARAMS, SETTINGS, ResultRow, protocol_hash
+from ..results.rows import KEY_PARAMS, ResultRow, protocol_hash
 from .fmt import MISSING
 from .metrics import MetricKey, Run, aa_gap, metric_key, metric_name, n_examples, run_of
 from .stats import Stat
 
-HEADLINE_EPS = 0.002
 CONTROL_LABEL = "random-init (control)"
 
 
@@ -159,19 +153,6 @@ def protocol_context(protocol: Mapping[str, Any]) -> str:
     return _short_hash({k: v for k, v in protocol.items() if k not in ("dataset", "setting")})
 
 
-def table_key(r: ResultRow, protocol: Mapping[str, Any] | None = None) -> tuple[str, str, str]:
-    """(setting, dataset, protocol) of the table a row is ranked in: shift variants of one
-    protocol context share a table, under the dataset they are made from. ``protocol``: the one
-    to rank under, where it is not the row's own (:attr:`Entry.rank_protocol`)."""
-    p = r.protocol if protocol is None else dict(protocol)
-    if r.setting == "shift":
-        return (r.setting, r.dataset.split("@", 1)[0], protocol_context(p))
-    if r.setting == "corruption":  # every corruption and severity of one protocol: one table
-        rest = {k: v for k, v in p.items() if k not in ("corruption", "severity")}
-        return (r.setting, r.dataset, protocol_context(rest))
-    return (r.setting, r.dataset, r.protocol_id if protocol is None else protocol_hash(p))
-
-
 def ranked_protocol(protocol: Mapping[str, Any]) -> dict[str, Any]:
     """``protocol`` without AFF's resolved ``dual_bn``: AFF as the authors and the RobustSSL
     benchmark run it is dual-BN TRADES on a dual-BN encoder and TRADES otherwise (``dual_bn
@@ -256,18 +237,19 @@ def _entry(recipe: Recipe, pid: str, rows: list[ResultRow]) -> Entry:
 # ============ what differs between recipes of one family ============
 
 
-def _leaves(obj: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    # nested mappings flattened to their leaves (an empty mapping has none: {} and {"width": 8}
-    # differ in width only)
+def flat_leaves(obj: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Nested mappings flattened to path -> leaf (an empty mapping has none: {} and {"width": 8}
+    differ in width only)."""
     if isinstance(obj, Mapping):
         out: dict[tuple[str, ...], Any] = {}
         for k, v in obj.items():
-            out |= _leaves(v, (*path, str(k)))
+            out |= flat_leaves(v, (*path, str(k)))
         return out
     return {path: obj}
 
 
-def _fmt_value(v: Any) -> str:
+def fmt_value(v: Any) -> str:
+    """A leaf as a table or note shows it: at most 16 characters."""
     text = f"{v:g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
     return text if len(text) <= 16 else text[:12] + "…"
 
@@ -282,15 +264,15 @@ def recipe_differences(recipes: Mapping[str, tuple[str, Mapping[str, Any]]]) -> 
     families: dict[str, list[str]] = defaultdict(list)
     for rid, (family, _) in recipes.items():
         families[family].append(rid)
-    leaves = {rid: _leaves(cfg) for rid, (_, cfg) in recipes.items()}
+    leaves = {rid: flat_leaves(cfg) for rid, (_, cfg) in recipes.items()}
     out = {rid: "" for rid in recipes}
     for members in families.values():
         paths = sorted({p for rid in members for p in leaves[rid]})
-        varying = [p for p in paths if len({_fmt_value(leaves[rid].get(p, MISSING)) for rid in members}) > 1]
+        varying = [p for p in paths if len({fmt_value(leaves[rid].get(p, MISSING)) for rid in members}) > 1]
         varying = [p for p in varying if not (len(p) >= 2 and p[-2] == "loss_params" and p[-1] in KEY_PARAMS)]
         names = _short_names(varying)
         for rid in members:
-            out[rid] = " ".join(f"{names[p]}={_fmt_value(leaves[rid].get(p, MISSING))}" for p in varying)
+            out[rid] = " ".join(f"{names[p]}={fmt_value(leaves[rid].get(p, MISSING))}" for p in varying)
     return out
 
 
@@ -324,257 +306,3 @@ def _with_differences(first_row: Mapping[str, ResultRow]) -> dict[str, Recipe]:
     }
     differs = recipe_differences({rid: (rec.family, first_row[rid].recipe) for rid, rec in recipes.items()})
     return {rid: replace(rec, differs=differs[rid]) for rid, rec in recipes.items()}
-
-
-# ============ tables: entries that may be ranked together ============
-
-
-@dataclass
-class Table:
-    """Entries ranked together: one protocol (shift: one protocol up to the shift variant)."""
-
-    setting: str
-    dataset: str  # the evaluated dataset (shift: the dataset the variants are made from)
-    key: str
-    entries: list[Entry]
-    note: str = ""  # how this table's protocol differs from the others of the same dataset
-    rank_metric: str = "clean"  # the metric this table is ranked by (see .ranking)
-    rank_label: str = "clean"
-    rank_note: str = ""  # why the table is not ranked by the metric asked for
-
-    @property
-    def metric_keys(self) -> set[MetricKey]:
-        """Every (attack, norm, eps) measured in this table."""
-        return {metric_key(r) for e in self.entries for r in e.rows}
-
-
-def _table_of(e: Entry) -> tuple[str, str, str]:
-    return table_key(e.rows[0], None if e.rank_pid == e.protocol_id else e.rank_protocol)
-
-
-def build_tables(entries: list[Entry]) -> list[Table]:
-    """Entries grouped into tables, in setting order, then dataset, then protocol note."""
-    groups: dict[tuple[str, str, str], list[Entry]] = defaultdict(list)
-    for e in entries:
-        groups[_table_of(e)].append(e)
-    tables = [Table(s, d, k, es) for (s, d, k), es in groups.items()]
-    siblings: dict[tuple[str, str], list[Table]] = defaultdict(list)
-    for t in tables:
-        siblings[(t.setting, t.dataset)].append(t)
-    for group in siblings.values():
-        if len(group) > 1:
-            notes = protocol_notes([t.entries for t in group])
-            for t, note in zip(group, notes, strict=True):
-                t.note = note
-    order = {s: i for i, s in enumerate(SETTINGS)}
-    return sorted(tables, key=lambda t: (order[t.setting], t.dataset, _protocol_rank(t), t.note, t.key))
-
-
-def _protocol_rank(t: Table) -> int:
-    """SLF tables before ALF before AFF (PROTOCOLS' order) among the tables of one dataset."""
-    name = str((t.entries[0].protocol.get("finetune") or {}).get("protocol", "slf"))
-    return PROTOCOLS.index(name) if name in PROTOCOLS else len(PROTOCOLS)
-
-
-def _protocol_view(entries: list[Entry]) -> dict[tuple[str, ...], str]:
-    """A table's protocol as display leaves (dataset left out: the shift variants differ in it)."""
-    e = entries[0]
-    protocol = e.rank_protocol  # a merged AFF table's protocol: without the resolved dual_bn
-    leaves = _leaves({k: v for k, v in protocol.items() if k not in ("dataset", "setting", "finetune")})
-    out = {p: _fmt_value(v) for p, v in leaves.items()}
-    # the finetuning protocol as one leaf ("SLF", or "ALF (eps 0.0314, steps 10, ...)"): shown only
-    # where tables differ in it, so SLF-only leaderboards render as before
-    ft = protocol.get("finetune") or {}
-    # a named finetuning recipe first, as name/method/dataset (eval/finetune_recipes.py)
-    recipe = ft.get("recipe")
-    named = [f"recipe {'/'.join(map(str, recipe.values()))}"] if isinstance(recipe, dict) else []
-    settings = ", ".join(
-        named
-        + [
-            f"{k} {_fmt_value(v)}"
-            for k, v in sorted(ft.items())
-            if k not in ("protocol", "recipe") and v is not None
-        ]
-    )
-    out[("protocol",)] = f"{str(ft.get('protocol', 'slf')).upper()}" + (f" ({settings})" if settings else "")
-    suites = sorted({str(r.get("suite") or "?") for x in entries for r in x.rows})
-    out[("suite_sha256",)] = f"`{'/'.join(suites)}` (sha256 `{e.protocol['suite_sha256'][:12]}`)"
-    return out
-
-
-def protocol_notes(tables: list[list[Entry]]) -> list[str]:
-    """For tables of one dataset under different protocols: one line each, saying what differs."""
-    views = [_protocol_view(es) for es in tables]
-    paths = sorted({p for v in views for p in v})
-    varying = [p for p in paths if len({v.get(p, MISSING) for v in views}) > 1]
-    names = {p: ("suite" if p == ("suite_sha256",) else " ".join(p)) for p in varying}
-    return ["; ".join(f"{names[p]} {v.get(p, MISSING)}" for p in varying) for v in views]
-
-
-_PARAMETER_LIST = re.compile(r" \([^()]*\)")
-
-
-def panel_note(table: Table, tables: Sequence[Table]) -> str:
-    """``table``'s protocol note as a figure panel's title shows it: without its parenthesised
-    parameter lists ("protocol ALF"), which are wider than a panel (LEADERBOARD.md gives them), unless
-    another table of the same setting and dataset would then read the same: then in full, wrapped."""
-    short = _PARAMETER_LIST.sub("", table.note)
-    twins = [
-        t
-        for t in tables
-        if t is not table
-        and (t.setting, t.dataset) == (table.setting, table.dataset)
-        and _PARAMETER_LIST.sub("", t.note) == short
-    ]
-    return textwrap.fill(table.note, 60) if twins else short
-
-
-# ============ formatting helpers shared by the renderers ============
-
-
-def distinct(values: Iterable[Any]) -> list[Any]:
-    """Sorted distinct values, None and "" left out."""
-    return sorted({v for v in values if v is not None and v != ""}, key=lambda v: (str(type(v)), v))
-
-
-def join(values: Iterable[Any], empty: str = "unknown") -> str:
-    """Distinct values as ``a, b``."""
-    vals = distinct(values)
-    return ", ".join(map(str, vals)) if vals else empty
-
-
-def provenance(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Distinct provenance values over rows (for headers and the per-entry detail view)."""
-    versions: dict[str, list[str]] = defaultdict(list)
-    for r in rows:
-        for k, v in (r.get("versions") or {}).items():
-            versions[k].append(str(v))
-    return {
-        "n_rows": len(rows),
-        "checkpoints": sorted({(str(r["checkpoint_id"]), str(r.get("checkpoint_sha256", ""))) for r in rows}),
-        "train_seeds": distinct(r.get("train_seed") for r in rows),
-        "eval_seeds": distinct(r.get("seed") for r in rows),
-        "n_examples": distinct(n_examples(r) or None for r in rows),
-        "suites": sorted({(str(r.get("suite", "")), str(r.get("suite_sha256", ""))) for r in rows}),
-        "versions": {k: distinct(v) for k, v in sorted(versions.items())},
-        "devices": distinct(r.get("device") for r in rows),
-    }
-
-
-@dataclass
-class RunsNote:
-    """The footnote of a corruption and severity under which runs' clean accuracy is at chance. It
-    collects its runs while a table is flagged and is written after the table, so one note names
-    them all."""
-
-    where: str  # "corruption contrast severity 5"
-    runs: set[tuple[str, int]] = field(default_factory=set)  # (family, training seed)
-
-    def add(self, family: str, seed: int) -> None:
-        """Name a run."""
-        self.runs.add((family, seed))
-
-    def __str__(self) -> str:
-        n, runs = len(self.runs), ", ".join(f"{f} s{s}" for f, s in sorted(self.runs))
-        return (
-            f"{self.where}: clean accuracy at chance under this corruption for {n} run{'s' * (n != 1)} "
-            f"({runs}): what the corruption does to these encoders, not an attack that "
-            "failed, so there is no robustness to read there (a failure of the same run in-domain is "
-            "listed under the in-domain table)"
-        )
-
-
-@dataclass
-class Context:
-    """Everything a table or figure renderer needs besides its own entries."""
-
-    entries: list[Entry]
-    rows: list[ResultRow]
-    headline_eps: float
-    show_encoder: bool
-    show_dataset: bool
-    tables: list[Table] = field(default_factory=list)
-    # sanity footnotes, numbered across the document (a RunsNote is complete once its table is flagged)
-    notes: list[str | RunsNote] = field(default_factory=list)
-    note_of: dict[str, int] = field(default_factory=dict)
-    # entry uid -> its comparison with the table's baseline (.compare.Comparison); table key ->
-    # the baseline's label; what the comparisons could not do
-    comparisons: dict[str, Any] = field(default_factory=dict)
-    baselines: dict[str, str] = field(default_factory=dict)
-    baseline_family: str | None = None
-    compare_notes: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)  # rows of other directories left out, and why
-    rank_by: str | None = None  # the --rank-by asked for (None: the default)
-
-    @staticmethod
-    def build(rows: list[ResultRow], entries: list[Entry], headline_eps: float) -> Context:
-        """The context of a leaderboard; shows encoder/dataset columns only when they vary."""
-        return Context(
-            entries=entries,
-            rows=rows,
-            headline_eps=headline_eps,
-            show_encoder=len({e.recipe.encoder for e in entries}) > 1,
-            show_dataset=len({e.recipe.pretrain_dataset for e in entries}) > 1,
-            tables=build_tables(entries),
-        )
-
-    @property
-    def fgsm(self) -> str:
-        return metric_name("fgsm", "Linf", self.headline_eps)
-
-    @property
-    def pgd(self) -> str:
-        return metric_name("pgd", "Linf", self.headline_eps)
-
-    @property
-    def eps_text(self) -> str:
-        """The headline eps in both units, e.g. ``0.002 (0.51/255)``."""
-        return f"{self.headline_eps:g} ({eps_label(self.headline_eps)})"
-
-    def label(self, recipe: Recipe) -> str:
-        return recipe.label(encoder=self.show_encoder, dataset=self.show_dataset)
-
-    def table_of(self, e: Entry) -> Table:
-        """The table an entry is ranked in."""
-        return next(t for t in self.tables if any(x is e for x in t.entries))
-
-    def partner(self, e: Entry, setting: str, dataset: str) -> Entry | None:
-        """The entry of the same recipe and protocol context in another setting/dataset, if any."""
-        for x in self.entries:
-            same = x.recipe.recipe_id == e.recipe.recipe_id and x.context == e.context
-            if same and x.setting == setting and x.dataset == dataset:
-                return x
-        return None
-
-    def flag(self, entries: list[Entry]) -> str:
-        """A footnote marker for entries with failed sanity checks ("ok" otherwise)."""
-        fails = [(e, r, f) for e in entries for r, f in e.failures()]
-        if not fails:
-            return "ok"
-        marks = []
-        for e, r, checks in fails:
-            if r.get("corruption") and checks == ["clean_above_chance"]:
-                # one note per corruption and severity, naming its runs (every attack's row of a run
-                # shares its clean accuracy): at chance under a corruption is what that corruption
-                # does to the encoder, not a broken attack
-                where = f"corruption {r['corruption']} severity {r.get('severity')}"
-                key = f"{where} | {e.context}"  # a second corruption table (protocol) has its own notes
-                if key not in self.note_of:
-                    self.notes.append(RunsNote(where))
-                    self.note_of[key] = len(self.notes)
-                note = self.notes[self.note_of[key] - 1]
-                assert isinstance(note, RunsNote)
-                seed = r.get("seed") if r.get("control") else r.get("train_seed")  # a control's: its init
-                note.add(e.recipe.family, int(seed or 0))
-                marks.append(self.note_of[key])
-                continue
-            run = f"`{r['checkpoint_id']}` seed {r.get('seed')}"
-            text = (
-                f"{e.recipe.family}, {e.setting} {e.dataset}: {run}, "
-                f"{r['attack']} {r['norm']} ε={float(r['eps']):g}: failed {', '.join(checks)}"
-            )
-            if text not in self.note_of:
-                self.notes.append(text)
-                self.note_of[text] = len(self.notes)
-            marks.append(self.note_of[text])
-        return "⚠ " + ",".join(map(str, sorted(set(marks))))

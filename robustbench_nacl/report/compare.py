@@ -27,10 +27,12 @@ import numpy as np
 from ..errors import UserError
 from ..results.bits import decode_bits
 from ..results.rows import SETTINGS, protocol_name
-from .aggregate import CONTROL_LABEL, Context, Entry, Table, aggregate, validate_rows
+from .aggregate import CONTROL_LABEL, Entry, aggregate, validate_rows
+from .context import Context
 from .fmt import MISSING, fmt_diff, fmt_p
 from .metrics import Run, metric_key, metric_label, metric_name, run_of
 from .stats import holm, mcnemar_combined, paired_difference, t_interval
+from .tables import Table
 
 NO_BITS = "no per-example outcomes in these rows (written before rows stored them)"
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .aggregate import Context, Entry, Recipe, Table
+from .aggregate import Entry, Recipe
+from .context import Context
 from .fmt import pct
 from .ranking import tie
 from .table_layout import heading, ident_cols, ident_headers, show_differs, table_md
+from .tables import Table
 
 
 def _mean(entries: list[Entry], metric: str) -> float | None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .aggregate import Context, Entry, Table, panel_note
+from .aggregate import Entry
 from .canvas import DPI, new_figure, pct, set_margins
+from .context import Context
 from .metrics import ATTACK_NAMES, metric_key, metric_name
 from .plotstyle import Style, label_line_ends, styles
+from .tables import Table, panel_note
 
 EPS_PANEL_IN = (7.0, 5.2)  # one panel, with the column of line labels on its right
 LABELS_IN = 1.6  # the width of that column

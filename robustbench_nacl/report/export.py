@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results.eps import eps_label
-from .aggregate import Context, Entry, distinct, provenance
+from .aggregate import Entry
+from .context import Context, distinct, provenance
 from .fmt import round6
 from .metrics import metric_key, metric_name, n_examples
 

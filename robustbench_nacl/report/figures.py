@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results.eps import eps_label
-from .aggregate import Context, Entry, Table, join, panel_note
+from .aggregate import Entry
 from .canvas import DPI, new_figure, pct, png_bytes, set_margins
 from .compare import Comparison, protocol_comparisons, with_holm
+from .context import Context, join
 from .eps_figure import EPS_CAPTION, draw_robust_vs_eps, eps_figure_size
 from .metrics import ATTACK_NAMES, MetricKey, metric_name
 from .plotstyle import FONT, Style, label_points, styles
 from .stats import Stat
+from .tables import Table, panel_note
 
 # Fixed sizes in inches (x canvas.DPI) so the figures are comparable between renders; tests check them.
 PANEL_IN = (5.4, 4.8)  # standard_vs_robust: one panel (axes, ticks, labels)

@@ -17,8 +17,9 @@ import json
 import re
 from typing import Any
 
-from .aggregate import Context, Entry, distinct, provenance
+from .aggregate import Entry
 from .compare import table_delta
+from .context import Context, distinct, provenance
 from .export import display_order
 from .fmt import MISSING, fmt_diff, fmt_interval, fmt_points, p_label, pct, round6
 from .stats import Stat

@@ -23,9 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from ..io import write_bytes_atomic
+from ..results.label_free import is_label_free
 from . import export, figures, html, markdown, protocols
-from .aggregate import HEADLINE_EPS, Context, aggregate, validate_rows
+from .aggregate import aggregate, validate_rows
 from .compare import attach_comparisons
+from .context import HEADLINE_EPS, Context
+from .label_free import markdown_section as label_free_section
 from .ranking import rank_tables
 from .reported import load_reported
 from .reported import markdown_section as reported_section
@@ -80,6 +83,14 @@ def render_leaderboard(
     """
     if reported is not None:
         load_reported(reported)  # an unknown or unreadable set fails before anything is written
+    # label-free rows are not accuracies of a classifier: a section of their own, never ranked here
+    label_free = label_free_section(validate_rows(rows)) if rows else []
+    if label_free and all(is_label_free(r) for r in rows):
+        out = Path(out)
+        page = f"# {title}\n\n" + (f"`{command}`\n\n" if command else "") + "\n".join(label_free)
+        write_bytes_atomic(out / "LEADERBOARD.md", page.encode())
+        return {"LEADERBOARD.md": out / "LEADERBOARD.md"}
+    rows = [r for r in rows if not is_label_free(r)]
     ctx, dropped = build_context(
         rows, headline_eps=headline_eps, rank_by=rank_by, baseline=baseline, baseline_recipe=baseline_recipe
     )
@@ -107,6 +118,8 @@ def render_leaderboard(
     )
     if reported is not None:
         page += "\n" + "\n".join(reported_section(ctx, reported))
+    if label_free:
+        page += "\n" + "\n".join(label_free)
     write("LEADERBOARD.md", page.encode())
     recs = export.records(ctx)
     write("results.csv", export.results_csv(recs))

@@ -11,22 +11,14 @@ from typing import Any
 from ..results.eps import eps_label
 from ..results.rows import SETTINGS
 from . import protocols
-from .aggregate import (
-    CONTROL_LABEL,
-    Context,
-    Entry,
-    Recipe,
-    Table,
-    distinct,
-    family_parameters,
-    join,
-    provenance,
-)
+from .aggregate import CONTROL_LABEL, Entry, Recipe, family_parameters
 from .compare import NO_BITS, table_delta
+from .context import Context, distinct, join, provenance
 from .corruption_table import table_corruption
 from .fmt import MISSING, fmt_points, fmt_with_n, n_clipped, p_label, pct
 from .ranking import tie
 from .table_layout import heading, ident_cols, ident_headers, show_differs, table_md
+from .tables import Table
 
 # ============ cells and lines shared by the tables ============
 

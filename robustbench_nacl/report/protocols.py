@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..results.finetune import PROTOCOLS, AffConfig, AlfConfig, read_identity
-from .aggregate import Context, Entry, _short_hash
+from .aggregate import Entry, _short_hash
+from .context import Context
 from .fmt import fmt_stat
 from .metrics import metric_key, metric_label, metric_name
 

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import UserError
-from .aggregate import Entry, Table
+from .aggregate import Entry
 from .metrics import MetricKey, metric_label, metric_name
+from .tables import Table
 
 DEFAULT_RANK_BY = "worst_case@max"
 _SPEC = re.compile(r"^(?P<attack>[A-Za-z][\w.]*?)(?:_(?P<norm>Linf|L2))?(?:@(?P<eps>[^@]+))?$")

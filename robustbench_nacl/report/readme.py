@@ -10,7 +10,9 @@ by hand (docs/decisions.md, "Reference leaderboard"):
 - ``beside``: beside the claims, the families with the highest and lowest difference to SimCLR in
   the main tables, from ``compare --baseline simclr --json`` (:func:`beside`);
 - ``cost``: what each stage cost in core-seconds, from the manifests' and the rows' own timings
-  (:func:`cost`).
+  (:func:`cost`);
+- ``label-free``: the label-free table and its generated correlation with SLF AutoAttack
+  (:mod:`.label_free`).
 
 ``python -m robustbench_nacl.report.readme BOARD MANIFESTS`` rewrites each section of
 ``BOARD/README.md`` between its markers, atomically; the tests regenerate each section from the
@@ -151,6 +153,17 @@ def cost(manifests: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any
             f"| {name.upper()} evaluation | {len(per_enc)} | {len(st['fit'])} | {_seconds(spent)} | "
             f"{_seconds(st['aa'])} | {median(per_enc.values()):,.0f} s |"
         )
+    if "label-free" in by:  # one measurement per encoder: every row of it records its whole time
+        per_enc = {}
+        for r in rows:
+            if protocol_name(r) == "label-free":
+                per_enc[r["checkpoint_sha256"]] = cores(r) * float(r.get("label_free_wall_s") or 0.0)
+        spent = sum(per_enc.values())
+        total += spent
+        lines.append(
+            f"| label-free evaluation | {len(per_enc)} | {len(per_enc)} | {_seconds(spent)} | – | "
+            f"{median(per_enc.values()):,.0f} s |"
+        )
     lines.append(f"| all | | | {_seconds(total)} | | |")
     hours = f"about {total / 2 / 3600:.1f} hours of wall time, had nothing else run"
     return "\n".join(lines) + f"\n\nOn two cores at once: {hours}.\n" + aa_split(rows)
@@ -248,9 +261,16 @@ def _cost(board: Path, manifests: Path) -> str:
     return cost(read_manifests(manifests), load_rows(board))
 
 
+def _label_free(board: Path, manifests: Path) -> str:
+    from ..results.rows import load_rows
+    from .label_free import readme_section
+
+    return readme_section(load_rows(board))
+
+
 def sections() -> dict[tuple[str, str], Callable[[Path, Path], str]]:
     """(begin marker, end marker) -> the function making that section from (board, manifests)."""
-    from . import claims, headroom
+    from . import claims, headroom, label_free
 
     return {
         claims.markers("nacl"): _claims("nacl"),
@@ -258,6 +278,7 @@ def sections() -> dict[tuple[str, str], Callable[[Path, Path], str]]:
         (headroom.BEGIN, headroom.END): _headroom,
         BESIDE: _beside,
         COST: _cost,
+        label_free.MARKERS: _label_free,
     }
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 
 from ..results.reported import AA_EPS, BENCHMARK_DATASET, Reported, load_reported, placement
-from .aggregate import Context, Entry
+from .aggregate import Entry
+from .context import Context
 from .fmt import pct
 from .protocols import protocol_of
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import UserError
 from ..results.rows import ResultRow, load_rows
-from .aggregate import table_key, validate_rows
+from .aggregate import validate_rows
+from .tables import table_key
 
 DirRows = list[tuple[str, list[ResultRow]]]
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from .aggregate import Context, Entry, Table
+from .aggregate import Entry
+from .context import Context
 from .fmt import MISSING
+from .tables import Table
 
 
 def table_md(headers: list[str], body: list[list[str]], align: list[str]) -> str:

@@ -21,13 +21,17 @@ import gzip
 import hashlib
 import json
 import math
+import os
+import time
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..io import canonical_json, write_bytes_atomic, write_json_atomic
+from ..io import atomic_open, canonical_json, write_bytes_atomic, write_json_atomic
+from ..untrusted import gunzip_bounded, read_regular, safe_name
 
 ROWS_DIR = "rows"
 #: A row pack: many rows in one gzipped JSON-lines file, which ``load_rows`` reads beside (or instead
@@ -36,6 +40,8 @@ ROWS_DIR = "rows"
 ROW_PACK = "rows.jsonl.gz"
 #: Version of the on-disk row layout; rows without recipe_id/protocol_id are format 1.
 ROW_FORMAT = 2
+#: The largest row file read (a row is a few kB; its per-example bits grow by 1 kB per 4,000 examples).
+MAX_ROW_FILE = 16 << 20
 # probe_underfit fires when the probe's train accuracy is more than this below the kNN accuracy on
 # the same features (docs/decisions.md, 'Sanity checks'): about 3 seed-to-seed SDs of the reference.
 # Here, not in eval/sanity.py, because the torch-free renderer reads rows against it too.
@@ -81,7 +87,10 @@ FINETUNE = "finetune"
 # Identity fields only some rows have (corruption rows, those read from a released corruption set,
 # ALF/AFF rows): part of the id where present,
 # so that every other row (SLF, the other settings) keeps the id it always had.
-OPTIONAL_IDENTITY = ("corruption", "severity", "corruption_source", FINETUNE)
+#: The class of device a row was computed on (utils.device_class): absent on a CPU, so that every CPU
+#: row keeps its id, and a GPU's row never stands for a CPU's of the same settings (or the reverse).
+DEVICE_CLASS = "device_class"
+OPTIONAL_IDENTITY = ("corruption", "severity", "corruption_source", FINETUNE, DEVICE_CLASS)
 
 
 def _hash(obj: Any, n: int = 24) -> str:
@@ -116,8 +125,10 @@ def protocol_of(row: Mapping[str, Any]) -> dict[str, Any]:
         "probe": probe,
         "n_examples": row["n_examples"],
         "attack_versions": dict(row["attack_versions"]),
-        # corruption rows, ALF/AFF rows and their settings; the others (no such keys) hash as before
-        **{k: row[k] for k in OPTIONAL_IDENTITY if row.get(k) is not None},
+        # corruption rows, ALF/AFF rows and their settings; the others (no such keys) hash as before.
+        # Not the device class: rows of a CPU and a GPU measure the same protocol and rank together,
+        # each showing where it was computed
+        **{k: row[k] for k in OPTIONAL_IDENTITY if row.get(k) is not None and k != DEVICE_CLASS},
     }
     return out
 
@@ -235,6 +246,7 @@ class ResultRow(Mapping[str, Any]):
         if missing:
             raise UserError(f"{where} lacks required key(s) {', '.join(missing)}")
         _check_types(data, where)
+        _check_measurement(data, where)
         _check_ids(data, where)
         typed = {k: data[k] for k in _FIELDS}
         return cls(**typed, extra={k: v for k, v in data.items() if k not in _FIELDS})
@@ -310,9 +322,32 @@ def _check_types(d: Mapping[str, Any], where: str) -> None:
         raise UserError(f"{where}: {FINETUNE} must be a JSON object or absent, got {d[FINETUNE]!r}")
 
 
+def _check_measurement(d: Mapping[str, Any], where: str) -> None:
+    """Refuse a row that cannot be a measurement: no example evaluated (its accuracies are of
+    nothing, and would rank anywhere), a request of no or of more examples than any test set has, or
+    robust above clean accuracy (an attack never makes a wrong prediction right; docs/decisions.md,
+    'Untrusted input: names, bounds and refusals')."""
+    n, asked = d["n_examples_evaluated"], d["n_examples"]
+    if not 1 <= n < 1 << 40:
+        raise UserError(f"{where}: n_examples_evaluated {n!r} is not a count of evaluated examples (>= 1)")
+    if asked is not None and not 1 <= asked < 1 << 40:
+        raise UserError(f"{where}: n_examples {asked!r} is not a number of examples to evaluate (>= 1)")
+    if d["robust_acc"] > d["clean_acc"] + 1e-9:
+        raise UserError(
+            f"{where}: robust accuracy {d['robust_acc']!r} above clean accuracy {d['clean_acc']!r} is no "
+            "measurement (an attacked example counts only if it was classified right clean)"
+        )
+
+
 def _check_ids(d: Mapping[str, Any], where: str) -> None:
-    # the ids are hashes of the row's own fields: a mismatch means the file was edited or corrupted
-    for name, want in (("recipe_id", recipe_id(d["recipe"])), ("protocol_id", protocol_id(d))):
+    # the ids are hashes of the row's own fields: a mismatch means the file was edited or corrupted.
+    # The row id is checked too: it names the row's file (a forged one could name any path)
+    safe_name(d["row_id"], f"{where}: row_id")
+    for name, want in (
+        ("recipe_id", recipe_id(d["recipe"])),
+        ("protocol_id", protocol_id(d)),
+        ("row_id", row_id(d)),
+    ):
         if d[name] != want:
             raise UserError(
                 f"{where}: {name} {d[name]!r} does not match its fields ({want}); the row was edited or "
@@ -321,13 +356,27 @@ def _check_ids(d: Mapping[str, Any], where: str) -> None:
 
 
 def row_path(out: str | Path, rid: str) -> Path:
-    """Where the row with this id lives under an output directory."""
-    return Path(out) / ROWS_DIR / f"{rid}.json"
+    """Where the row with this id lives under an output directory (the id must be a plain name)."""
+    return Path(out) / ROWS_DIR / f"{safe_name(rid, 'row_id')}.json"
+
+
+#: Fault-injection hook (tests/test_fault_injection.py): a file path. A row write with that variable
+#: set stops with its temporary file written but not yet renamed, creates the file, and waits to be
+#: killed, so that the test's kill lands inside a row write every time (a poll for the temporary
+#: could miss the few milliseconds it exists). Unset, as for every user, it costs one lookup.
+HOLD_ROW_WRITE_ENV = "ROBUSTBENCH_NACL_TEST_HOLD_ROW_WRITE"
 
 
 def write_row(out: str | Path, row: ResultRow) -> Path:
     """Write one row atomically at its content address; returns the path."""
     path = row_path(out, row.row_id)
+    if hold := os.environ.get(HOLD_ROW_WRITE_ENV):
+        with atomic_open(path, "wb") as f:
+            f.write((json.dumps(row.to_json(), indent=2) + "\n").encode())
+            f.flush()
+            Path(hold).touch()
+            time.sleep(600)  # the test kills the process here; if it does not, the write completes
+        return path
     write_json_atomic(path, row.to_json())
     return path
 
@@ -335,7 +384,7 @@ def write_row(out: str | Path, row: ResultRow) -> Path:
 def read_row(path: str | Path) -> dict[str, Any]:
     """Parse one row file into its raw JSON object (a one-line UserError if it is not one)."""
     try:
-        row = json.loads(Path(path).read_text())
+        row = json.loads(read_regular(path, "result row", MAX_ROW_FILE))
     except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
         raise UserError(f"cannot read result row {path}: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(row, dict):
@@ -353,6 +402,26 @@ def read_valid_row(path: str | Path, rid: str) -> ResultRow | None:
     return row if row.row_id == rid and row_id(row) == rid else None
 
 
+def valid_pack_rows(path: str | Path) -> list[ResultRow]:
+    """The rows of the row pack at ``path`` that are complete, current and match their ids (none if
+    there is no pack; a damaged pack or row counts as nothing: its rows are recomputed)."""
+    if not Path(path).is_file():
+        return []
+    try:
+        raw = read_row_pack(path)
+    except UserError:
+        return []
+    out = []
+    for r in raw:
+        try:
+            row = ResultRow.from_json(r, source=path)
+        except UserError:
+            continue
+        if row_id(row) == row.row_id:
+            out.append(row)
+    return out
+
+
 def write_row_pack(directory: str | Path, rows: list[ResultRow]) -> Path:
     """Write ``rows`` as one row pack (:data:`ROW_PACK`) in ``directory``, atomically; returns its path.
 
@@ -368,9 +437,10 @@ def write_row_pack(directory: str | Path, rows: list[ResultRow]) -> Path:
 def read_row_pack(path: str | Path) -> list[dict[str, Any]]:
     """The raw JSON objects of a row pack (a one-line UserError if it is damaged)."""
     try:
-        text = gzip.decompress(Path(path).read_bytes()).decode()
+        # inflated up to a cap, never whole: a few MB of gzip can hold many GB of zeros
+        text = gunzip_bounded(read_regular(path, "row pack"), what=f"row pack {path}").decode()
         raw = [json.loads(line) for line in text.splitlines() if line]
-    except (OSError, EOFError, ValueError, RecursionError) as e:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, ValueError, RecursionError, zlib.error) as e:
         raise UserError(f"cannot read row pack {path}: {' '.join(str(e).split())[:200]}") from None
     if not all(isinstance(r, dict) for r in raw):
         raise UserError(f"row pack {path} holds a line that is not a JSON object")

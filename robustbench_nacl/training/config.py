@@ -12,9 +12,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..accel import check_compile
 from ..data import DatasetSpec, parse_spec
 from ..errors import UserError
 from ..models.factory import check_encoder
+from ..models.features import check_knn
+from ..untrusted import int64, safe_name
 from .optim import check_recipe
 
 #: fields added after runs were recorded: absent from :meth:`TrainConfig.to_dict` at these defaults
@@ -26,6 +29,10 @@ RECORDED_WHEN_SET: dict[str, Any] = {
     "schedule": "constant",
     "schedule_kwargs": {},
 }
+#: fields that choose how a run is computed, never what: absent from :meth:`TrainConfig.to_dict` (the
+#: recorded configuration, its hash and the resume checks); the manifest records what ran beside the
+#: device (``compile``, see robustbench_nacl/accel.py)
+EXECUTION_ONLY = ("compile",)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class TrainConfig:
     monitor_probe: bool = False
     precision: str = "fp32"  # "fp32" | "bf16" (autocast; the loss itself is always fp32)
     channels_last: bool = True  # NHWC convolutions: 1.2-1.6x faster training steps on CPU (bench/)
+    # torch.compile the step (off | auto: on CUDA only | on); not part of the run's identity
+    compile: str = "auto"
     data_root: str | None = None
     max_train: int | None = None  # use only the first N training images (documented demo budgets)
     # checkpoint id; default <encoder>.<preset>_<dataset>_s<seed>_<config hash> (train.manifest.run_id)
@@ -65,6 +74,8 @@ class TrainConfig:
         that the recorded configuration of every run without them (manifest ``config``, the resume
         checks against it, the configuration hash) is what it always was."""
         out = dataclasses.asdict(self)
+        for name in EXECUTION_ONLY:
+            del out[name]
         for name, default in RECORDED_WHEN_SET.items():
             if out[name] == default:
                 del out[name]
@@ -86,12 +97,22 @@ def check_settings(cfg: TrainConfig) -> None:
         raise UserError(f"--weight-decay {cfg.weight_decay}: must be a finite number >= 0")
     if cfg.precision not in ("fp32", "bf16"):
         raise UserError(f"--precision {cfg.precision!r}; valid choices: fp32, bf16")
+    check_compile(cfg.compile)
     if cfg.epochs < 1:
         raise UserError(f"--epochs {cfg.epochs}: must be >= 1")
     if cfg.batch_size < 2:
         raise UserError(f"--batch-size {cfg.batch_size}: a contrastive batch needs at least 2 images")
     if cfg.max_train is not None and cfg.max_train < 2:
         raise UserError(f"--max-train {cfg.max_train}: must be >= 2")
+    if cfg.knn_every < 0:
+        raise UserError(f"--knn-every {cfg.knn_every}: must be >= 0")
+    try:  # the monitor's settings, checked here: the monitor first runs after an epoch's work
+        check_knn(cfg.knn_k, cfg.knn_t)
+    except ValueError as e:
+        raise UserError(f"--knn-k/--knn-t: {e}") from None
+    int64(cfg.seed, "--seed", low=0)
+    if cfg.id is not None:
+        safe_name(cfg.id, "--id")  # it names the checkpoint's card (eval --card) and zoo folders
     check_encoder(cfg.encoder)  # an unknown name (or timm missing) before any data is loaded
     check_recipe(cfg.optimizer, cfg.optimizer_kwargs, cfg.schedule, cfg.schedule_kwargs, epochs=cfg.epochs)
 

@@ -14,6 +14,7 @@ Without one, nothing of that code runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -25,11 +26,12 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import losses
+from ..accel import CompilePlan, compile_plan, fused
 from ..augment import views as augment
 from ..data import ImageData, load_dataset
 from ..errors import UserError
 from ..io import atomic_open, check_writable_dir
-from ..locks import remove_temporaries
+from ..locks import exclusive_lock, remove_temporaries
 from ..models.checkpoint import MANIFEST, WEIGHTS, save_weights, write_manifest
 from ..models.features import extract_features, knn_accuracy, monitor_probe_accuracy
 from ..models.heads import ContrastiveModel
@@ -72,6 +74,7 @@ class _Run:
     sync_bn: bool = False
     net: torch.nn.Module | None = None  # what the step calls: ``model``, or its DDP wrapper
     schedule: optim.LrSchedule | None = None  # sets the optimizer's lr before each step (None: constant)
+    compile: CompilePlan = field(default_factory=CompilePlan)  # the step's path (eager: the default)
 
     def dist_state(self) -> dict[str, Any] | None:
         """What a resume must match besides the configuration: None for a single-process run."""
@@ -122,8 +125,32 @@ def train(
     distributed.check_agree(world, int(finished), dev, f"states of {out} (finished or not)")
     if finished:
         return _finished(out, cfg)
+    # one training per folder: a second `train` into a busy --out is refused in one line (rank 0
+    # holds it for the group; the other ranks share its folder)
+    busy = exclusive_lock(out, "train", "training") if world.main else contextlib.nullcontext()
+    with busy:
+        return _train_locked(cfg, out, params, objective, view_maker, dev, resume, world, sync_bn, progress)
+
+
+def _train_locked(
+    cfg: TrainConfig,
+    out: Path,
+    params: losses.LossParams,
+    objective: Any,
+    view_maker: Any,
+    dev: torch.device,
+    resume: bool,
+    world: Any,
+    sync_bn: bool,
+    progress: bool,
+) -> Path:
+    """:func:`train` once it holds ``out``'s training lock."""
+    if world.main and not world.distributed and _check_out(out, cfg, resume):
+        return _finished(out, cfg)  # a run that ended while this one waited for the lock
     run = _start(cfg, params, out, dev, _load_data(cfg, dev), resume, world, sync_bn)
-    step = TrainStep(cfg, params, run.net, run.optimizer, objective=objective, view_maker=view_maker)
+    step = TrainStep(
+        cfg, params, run.net, run.optimizer, objective=objective, view_maker=view_maker, compile=run.compile
+    )
     if not run.log and cfg.knn_every > 0 and world.main:
         # epoch 0: the same encoder at random initialisation, the baseline training must beat
         run.log.append(
@@ -187,11 +214,13 @@ def _start(
         weight_decay=cfg.weight_decay,
         kwargs=cfg.optimizer_kwargs,
     )
+    plan = compile_plan(cfg.compile, dev, "train")
+    optimizer = fused(optimizer, plan)  # CUDA only, before any state is loaded or schedule attached
     steps = len(data.train) // cfg.batch_size  # as _train_epoch draws them (drop_last)
     schedule = optim.build_schedule(
         cfg.schedule, cfg.schedule_kwargs, optimizer, base_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=steps
     )
-    run = _Run(cfg, out, dev, data, model, optimizer, world=world, sync_bn=sync_bn, net=model)
+    run = _Run(cfg, out, dev, data, model, optimizer, world=world, sync_bn=sync_bn, net=model, compile=plan)
     run.schedule = schedule
     if resume and (out / STATE).exists():
         state = _load_state(out / STATE)
@@ -309,6 +338,7 @@ def _write_checkpoint(run: _Run, params: losses.LossParams) -> None:
         wall_s=run.elapsed,
         knn_acc=run.knn_acc(),
         knn_acc_init=run.knn_init(),
+        compile=run.compile.label(),
     )
     block = None
     if run.world.distributed:

@@ -23,6 +23,7 @@ import importlib.metadata
 from typing import Any
 
 from .. import losses, plugins
+from ..accel import EAGER
 from ..data import canonical_spec, normalization
 from ..io import canonical_json, sha256_bytes
 from ..models.checkpoint import WEIGHTS, read_manifest, resolve_manifest_path
@@ -35,8 +36,8 @@ from .config import TrainConfig
 #: TrainConfig fields left out of the training configuration: the id itself, where the data files
 #: live (not what they hold), the kNN and probe monitors (they only read the encoder and draw from no
 #: training RNG: the weights are the same bits whatever they are set to; tested), and the overrides
-#: (the resolved loss parameters stand in).
-NOT_TRAINING = ("id", "data_root", "knn_every", "knn_k", "knn_t", "monitor_probe", "overrides")
+#: (the resolved loss parameters stand in); ``compile`` too (how the steps ran, like the device).
+NOT_TRAINING = ("id", "data_root", "knn_every", "knn_k", "knn_t", "monitor_probe", "overrides", "compile")
 #: hex digits of ``config_sha256`` in a default checkpoint id (32 bits: a collision among a few
 #: hundred runs has a probability of about 1e-5)
 ID_HASH_CHARS = 8
@@ -155,6 +156,7 @@ class RunOutcome:
     wall_s: float
     knn_acc: float | None
     knn_acc_init: float | None  # the same encoder before training (epoch 0)
+    compile: str = EAGER  # the step's path (accel.CompilePlan.label): recorded beside the device
 
 
 def build_manifest(
@@ -205,6 +207,8 @@ def build_manifest(
     }
     if distributed is not None:
         manifest["distributed"] = distributed
+    if outcome.compile != EAGER:  # only then: every eager manifest is what it was
+        manifest["compile"] = outcome.compile
     teacher = params.extra_params().get("teacher")
     if teacher:  # DeACL: the stage-1 checkpoint the student was distilled from, by content
         recorded = read_manifest(resolve_manifest_path(str(teacher)))

@@ -10,6 +10,7 @@ import math
 import torch
 
 from .. import losses
+from ..accel import CompilePlan, compile_module, compile_plan
 from ..augment import views as augment
 from ..data import normalization
 from ..errors import NonFiniteLoss
@@ -71,6 +72,10 @@ class TrainStep:
     Under ``precision="bf16"`` the step only opens ``torch.autocast`` around the objective: the views
     are handed over in the view maker's dtype (float32), never cast here, and the objective computes
     the loss itself in float32 (see docs/decisions.md, 'Precision').
+
+    ``compile``: the step's :class:`~robustbench_nacl.accel.CompilePlan` (None: ``cfg.compile`` on the
+    model's device). When it compiles, the objective calls ``torch.compile(model)`` (its forward and
+    backward; the views, the loss and the optimizer step stay eager); eager, nothing here changes.
     """
 
     def __init__(
@@ -82,15 +87,18 @@ class TrainStep:
         *,
         objective: Objective | None = None,
         view_maker: augment.ViewMaker | None = None,
+        compile: CompilePlan | None = None,
     ) -> None:
         self.cfg, self.params, self.model, self.optimizer = cfg, params, model, optimizer
+        self.device = next(model.parameters()).device
+        self.compile = compile if compile is not None else compile_plan(cfg.compile, self.device, "train")
+        self.net = compile_module(model, self.compile)  # what the objective calls (``model`` when eager)
         self.need = losses.needs(params)
         self.objective = objective or losses.OBJECTIVES.get(params.objective)
         self.view_maker = view_maker or augment.VIEW_MAKERS.get(params.views)
         # a method's own parameters (``extra``) reach the view maker too (e.g. ACL's aug_strength)
         self.base_view_kwargs = {**params.to_dict(), **params.extra_params()}
         self.view_kwargs = self.base_view_kwargs
-        self.device = next(model.parameters()).device
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"
         )
@@ -129,11 +137,13 @@ class TrainStep:
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        if self.compile.mode == "reduce-overhead":  # a new step: CUDA graphs may reuse the last one's memory
+            torch.compiler.cudagraph_mark_step_begin()
         views = self.views(x, gen)
         with self.autocast:
             extra = {"ctx": self.ctx} if self.objective.contextual else {}
             loss, stats = self.objective.loss(
-                self.model, views, y, self.params, gen, self.cfg.fuse_views, **extra
+                self.net, views, y, self.params, gen, self.cfg.fuse_views, **extra
             )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -32,6 +32,7 @@ EVAL_KEYS = {
     "probe_lr": (int, float, type(None)),  # ProbeConfig.lr
     "protocol": str,  # slf | alf | aff or a comma list (docs/decisions.md, 'Finetuning protocols')
     "finetune_settings": (str, type(None)),  # the setting kinds ALF/AFF run on; None: every one
+    "finetune_recipe": str,  # uniform (default) | robustssl[:METHOD] (eval/finetune_recipes.py)
     "setting_suites": dict,  # {setting kind: suite}: a kind's own suite (e.g. a short one for corruptions)
     "alf": dict,  # AlfConfig fields that differ from the literature defaults (e.g. max_train)
     "aff": dict,  # AffConfig fields, likewise
@@ -45,6 +46,14 @@ def _finetune_fields(protocol: str) -> list[str]:
     from ..results.finetune import AffConfig, AlfConfig
 
     return [f.name for f in dataclasses.fields(AlfConfig if protocol == "alf" else AffConfig)]
+
+
+def _finetune_config(protocol: str, ev: dict[str, Any]) -> Any:
+    """The entry's ALF / AFF configuration as ``eval_arguments`` builds it (None: the defaults)."""
+    from ..results.finetune import AffConfig, AlfConfig
+
+    cls = AlfConfig if protocol == "alf" else AffConfig
+    return cls(**ev[protocol]) if protocol in ev else None
 
 
 def zoo_root(root: str | Path | None = None) -> Path:
@@ -172,6 +181,13 @@ def _check_eval_fields(ev: dict[str, Any], bad: Any) -> None:
         raise bad("eval.probe_lr must be a number > 0")
     if not all(isinstance(v, str) for v in ev.get("setting_suites", {}).values()):
         raise bad("eval.setting_suites must map setting kinds to suite names")
+    if "finetune_recipe" in ev:
+        from ..eval.finetune_recipes import check_recipe
+
+        try:  # a named recipe sets ALF/AFF itself: eval.alf / eval.aff may only hold what it passes through
+            check_recipe(ev["finetune_recipe"], _finetune_config("alf", ev), _finetune_config("aff", ev))
+        except UserError as e:
+            raise bad(f"eval.finetune_recipe: {e}") from None
     for proto in ("alf", "aff"):
         fields = _finetune_fields(proto)
         unknown = [k for k in ev.get(proto, {}) if k not in fields]

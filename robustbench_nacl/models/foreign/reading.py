@@ -17,6 +17,7 @@ from torch.torch_version import TorchVersion
 
 from ...errors import CheckpointError, UserError, one_line
 from ...io import sha256_bytes
+from ...untrusted import check_zip_sizes, open_regular, read_regular
 from ...utils import refuse_unsafe_torch_env
 from ..checkpoint import check_finite, load_state
 
@@ -79,10 +80,12 @@ def refuse_non_checkpoint(path: Path, head: bytes) -> None:
 
 def read_head(path: Path, n: int = 512) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "checkpoint") as f:  # a FIFO would block for ever
             return f.read(n)
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or first_line(e)}") from None
+    except UserError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def clean(text: Any, limit: int = 80) -> str:
@@ -188,13 +191,22 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], str]:
         raise CheckpointError(
             f"checkpoint file {p} not found" + (" (it is a directory)" if p.is_dir() else "")
         )
-    data = p.read_bytes()
+    try:
+        data = read_regular(p, "checkpoint")
+    except OSError as e:
+        raise CheckpointError(f"cannot read {p}: {e.strerror or first_line(e)}") from None
+    except UserError as e:  # a FIFO or a device named as the checkpoint
+        raise CheckpointError(str(e)) from None
     refuse_non_checkpoint(p, data[:512])
     sha = sha256_bytes(data)
     if p.suffix == ".safetensors":
         # load_state re-reads the file; the expected sha256 makes sure it is the same bytes we hashed
         state = load_state(p, expected_sha256=sha)
     else:
+        try:  # a deflated member could inflate to any size inside torch.load
+            check_zip_sizes(data, str(p))
+        except UserError as e:
+            raise CheckpointError(str(e)) from None
         state = _unwrap(_torch_load(data, p), p)
         check_finite(state, p)
     return state, sha
