@@ -216,6 +216,15 @@ def fold_standardization(head: nn.Linear, mean: Tensor, scale: Tensor) -> None:
         head.bias.copy_(b)
 
 
+def _folded(head: nn.Linear, f_train: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The hand-written Adam's start: features with a column of ones (N, d+1), the head as one
+    weight matrix with the bias as its last column (C, d+1), and zero first and second moments."""
+    ones = torch.ones(len(f_train), 1, dtype=f_train.dtype, device=f_train.device)
+    fa = torch.cat([f_train, ones], dim=1)
+    wb = torch.cat([head.weight.detach(), head.bias.detach()[:, None]], dim=1).clone()
+    return fa, wb, torch.zeros_like(wb), torch.zeros_like(wb)
+
+
 def _train_head(
     head: nn.Linear,
     f_train: Tensor,
@@ -234,10 +243,7 @@ def _train_head(
     Returns the best test accuracy over epochs and its epoch (selected on test: logged only).
     """
     b1, b2, eps = 0.9, 0.999, 1e-8
-    ones = torch.ones(len(f_train), 1, dtype=f_train.dtype, device=f_train.device)
-    fa = torch.cat([f_train, ones], dim=1)  # (N, d+1): bias as the last weight column
-    wb = torch.cat([head.weight.detach(), head.bias.detach()[:, None]], dim=1).clone()  # (C, d+1)
-    m, v = torch.zeros_like(wb), torch.zeros_like(wb)
+    fa, wb, m, v = _folded(head, f_train)
     n, bs, step = len(fa), min(cfg.batch_size, len(fa)), 0
     best_acc, best_epoch = -1.0, 0
     for epoch in range(cfg.epochs):
@@ -296,10 +302,7 @@ def _train_head_compiled(
     on the device and are read out once at the end."""
     step_fn = compile_fn(_adam_step, plan or CompilePlan())
     b1, b2 = 0.9, 0.999
-    ones = torch.ones(len(f_train), 1, dtype=f_train.dtype, device=f_train.device)
-    fa = torch.cat([f_train, ones], dim=1)
-    wb = torch.cat([head.weight.detach(), head.bias.detach()[:, None]], dim=1).clone()
-    m, v = torch.zeros_like(wb), torch.zeros_like(wb)
+    fa, wb, m, v = _folded(head, f_train)
     n, bs, step = len(fa), min(cfg.batch_size, len(fa)), 0
     # every step's bias corrections, on the device once: no host-to-device copy per step
     t = torch.arange(1, cfg.epochs * math.ceil(n / bs) + 1, dtype=torch.float64)
