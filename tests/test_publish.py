@@ -116,6 +116,27 @@ def test_publish_packs_the_rows_pins_the_manifests_and_verify_checks_the_publish
     assert capsys.readouterr().out.startswith(f"changed            {e.id}")
 
 
+def test_label_free_rows_stay_on_the_board_and_out_of_the_pack(tmp_path: Path, published_root: Path) -> None:
+    from robustbench_nacl.results.label_free import is_label_free
+
+    e = tiny_entry(tmp_path / "zoo", "simclr", protocol="slf,label-free", n_examples=12)
+    ck, board = _run_zoo(tmp_path)
+    board_rows = load_rows(board)
+    label_free = {r.row_id for r in board_rows if is_label_free(r)}
+    assert label_free and len(board_rows) > len(label_free)  # both protocols were evaluated
+    argv = ["zoo", "publish", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board)]
+    assert cli.main(argv) == 0
+    packed = load_rows(published_root / "t")
+    assert packed and not any(is_label_free(r) for r in packed)
+    assert {r.row_id for r in packed} == {r.row_id for r in board_rows} - label_free
+    # publishing still asks for the label-free rows first: a board without them is not complete
+    for f in (board / "rows").glob("*.json"):
+        if json.loads(f.read_text())["row_id"] in label_free:
+            f.unlink()
+    with pytest.raises(UserError, match=rf"{e.id}: \d+ of \d+ rows under the board"):
+        release.publish_zoo(zoo.load_zoo("t"), ck, board, "t")
+
+
 def test_a_changed_published_card_or_pin_fails_verify(tmp_path: Path, published_root: Path) -> None:
     e = tiny_entry(tmp_path / "zoo", "simclr")
     ck, board = _run_zoo(tmp_path)

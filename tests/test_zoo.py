@@ -46,15 +46,16 @@ def test_the_reference_zoo_is_every_preset_on_fashion_mnist_with_three_seeds() -
     assert all(e.eval["transfer"] == "fashion-mnist:5-9" and e.eval["n_examples"] >= 500 for e in fm)
     # on one channel grayscale is the identity and grayscale+jitter is jitter: the others are run
     assert {e.eval["shift"] for e in fm} == {"crop,flip,jitter"}
-    # SLF, ALF and AFF for every seed (AFF seed intervals, issue 37); ALF on standardised features
-    # at the recipe's epochs; the learning curves recorded every epoch
-    assert {(e.seed, e.eval["protocol"]) for e in fm} == {(s, "slf,alf,aff") for s in (0, 1, 2)}
+    # SLF, ALF and AFF for every seed (AFF seed intervals, issue 37), label-free too (issue 48); ALF
+    # on standardised features at the recipe's epochs; the learning curves recorded every epoch
+    assert {(e.seed, e.eval["protocol"]) for e in fm} == {(s, "slf,alf,aff,label-free") for s in (0, 1, 2)}
     assert {e.eval["alf"]["fit"] for e in fm} == {"standardized"}
     assert all(e.recipe["monitor_every"] == 1 and e.recipe["monitor_probe"] for e in fm)
     # a fitted probe (standardised features) and AutoAttack standard in-domain at the headline eps
     assert all(e.eval["probe_standardize"] and e.eval["suite"] == "fashion-mnist-aa" for e in fm)
     # every manifest's evaluation is one evaluate() can plan (suites, kinds and finetune fields exist)
-    assert len(pipeline.row_keys(fm[0])) == 22 + 22 + 3 * 5 + 27 * 2 + 22 + 22
+    # label-free: 6 read-outs (4 without labels, 2 kNN) at each of the 5 eps
+    assert len(pipeline.row_keys(fm[0])) == 22 + 22 + 3 * 5 + 27 * 2 + 22 + 22 + 6 * 5
 
 
 def _entry(tmp: Path) -> zoo.ZooEntry:

@@ -3,7 +3,8 @@
 Copies, for every entry of the zoo whose rows are complete: its checkpoint (manifest and
 safetensors weights, sha256 re-checked), a model card built from its rows, the linear heads its
 rows attacked, and the rows themselves (with the random-init controls' rows, which the leaderboard
-shows beside them; one row pack, ``rows.jsonl.gz``), into ``files/published/<zoo>/`` of the
+shows beside them; one row pack, ``rows.jsonl.gz``; label-free rows stay on the board, see
+:func:`_entry_rows`), into ``files/published/<zoo>/`` of the
 package; and ``coverage.json``, the presets and seeds the set covers, so that a preset added later
 reads as "not published yet" instead of a missing model (see :mod:`.catalog`). Each entry's zoo
 manifest is then pinned to the published weights (``weights_sha256``), which ``zoo verify`` checks.
@@ -29,6 +30,7 @@ from ..models.checkpoint import (
 )
 from ..packaged import published_dir
 from ..pipeline import control_id, expected_rows
+from ..results.label_free import is_label_free
 from ..results.rows import ROWS_DIR, ResultRow, load_rows, write_row_pack
 from ..zoo import ZooEntry, checkpoint_dir, write_entry
 from .cards import bn_branch, card_of_rows, write_card
@@ -44,13 +46,18 @@ AUTHORS = "robustbench-nacl (trained from the shipped zoo manifests)"
 
 
 def _entry_rows(rows: list[ResultRow], checkpoint_id: str, entry: ZooEntry) -> list[ResultRow]:
+    """The entry's rows that ship (checked complete first): the label-free ones stay on the board.
+
+    Label-free rows carry float32 values per example (about 60 kB per encoder gzipped, 4.5 MB for the
+    reference zoo), more than the package's size budget has room for; they have no head and no card
+    line, and ``leaderboard --rows leaderboard/rows`` reads them from the repository's board."""
     mine = [r for r in rows if r["checkpoint_id"] == checkpoint_id]
     if len(mine) < expected_rows(entry):
         raise UserError(
             f"{checkpoint_id}: {len(mine)} of {expected_rows(entry)} rows under the board; run "
             "`zoo run` to finish it before publishing"
         )
-    return mine
+    return [r for r in mine if not is_label_free(r)]
 
 
 def _head_sources(rows: list[ResultRow], board: Path, target: Path) -> dict[str, tuple[Path, ResultRow]]:
@@ -163,7 +170,7 @@ def publish_zoo(entries: list[ZooEntry], ckpts: str | Path, board: str | Path, n
         by_entry.append((e, rows, sha))
     keep = [r for _, rows, _ in by_entry for r in rows]
     for cid in sorted({control_id(e) for e in entries}):
-        keep += [r for r in all_rows if r["checkpoint_id"] == cid]
+        keep += [r for r in all_rows if r["checkpoint_id"] == cid and not is_label_free(r)]
     heads = _head_sources(keep, board, target)
     # the path of the machine that measured them means nothing to a reader: the rows name their
     # checkpoint in the package and a DeACL teacher by id and sha256, as `eval --model` rows do

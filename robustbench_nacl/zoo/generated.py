@@ -222,8 +222,9 @@ def _one_per_family(
 
 def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
     """Fashion-MNIST classes 0-4, convnet_small (width 16): every preset x 3 seeds (the reference zoo),
-    SLF and ALF for every seed, AFF too for :data:`FMNIST_AFF_SEEDS`; and the ++ post-processing of
-    the dynacl and dynacl_air entries (:func:`post_entries`), evaluated as their parents."""
+    SLF, ALF and label-free for every seed, AFF too for :data:`FMNIST_AFF_SEEDS`; and the ++
+    post-processing of the dynacl and dynacl_air entries (:func:`post_entries`), evaluated as their
+    parents."""
     presets = _one_per_family(
         "fashion-mnist",
         "fashion-mnist:0-4",
@@ -231,7 +232,8 @@ def fashion_mnist_zoo(seeds: tuple[int, ...] = (0, 1, 2)) -> list[ZooEntry]:
         FMNIST_EVAL,
         seeds,
         tag_m=True,
-        protocols=lambda s: "slf,alf,aff" if s in FMNIST_AFF_SEEDS else "slf,alf",
+        # label-free last: no head, the frozen encoder's representation attacked (issue 48's rows)
+        protocols=lambda s: "slf,alf,aff,label-free" if s in FMNIST_AFF_SEEDS else "slf,alf,label-free",
     )
     return presets + post_entries(presets)
 
