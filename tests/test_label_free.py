@@ -121,6 +121,18 @@ def test_the_normalisation_does_not_read_the_attacked_embeddings(encoder: nn.Mod
     assert numbers(first) != numbers(lf.measure(encoder, data, CFG, **{**kw, "seed": 1}))
 
 
+def test_a_pair_of_identical_images_has_no_margin_ratio_and_the_mean_skips_it(encoder: nn.Module) -> None:
+    x = digits_data()[2][torch.arange(12) % 4]  # 4 images 3 times each: some pairs coincide
+    data = lf.LabelFreeData("digits-twins", (x * 255).round().to(torch.uint8))
+    kw = {"seed": 0, "n_examples": 12, "probe": ProbeConfig(seed=0), "device": torch.device("cpu")}
+    row = next(r for r in lf.measure(encoder, data, CFG, **kw) if r["attack"] == "margin")
+    margin = per_example(row, "margin")
+    twins = np.isnan(margin)
+    assert twins.any() and not twins.all() and np.isfinite(margin[~twins]).all()  # NaN, never inf
+    assert row["n_robust"] == int((margin[~twins] >= 0).sum())  # a coinciding pair already overlaps
+    assert MEASURES.get("margin").read(row) == pytest.approx(float(margin[~twins].mean()))
+
+
 def test_an_encoder_with_zero_gradients_fires_the_unbounded_flag(encoder: nn.Module) -> None:
     class Frozen(nn.Module):  # the embedding of a rounded image: no gradient reaches the input
         def forward(self, x: Tensor) -> Tensor:

@@ -291,7 +291,10 @@ def measure(
         success = (nearest == partner).cpu()
         clean_hit = (_nearest(z, bank) == partner).cpu()
         d_pair = (z - z[partner]).norm(dim=1)
+        # a pair whose clean embeddings coincide has no ratio: NaN (not robust: they already overlap;
+        # skipped by the measure's mean), never +-inf
         margin = ((z - z_back).norm(dim=1) - (z - z_to).norm(dim=1)) / d_pair
+        margin = torch.where(d_pair > 0, margin, torch.full_like(margin, float("nan")))
         values = {"dist": ((z_to - z[partner]).norm(dim=1) / median).cpu(), "margin": margin.cpu()}
         out.append(_fields("impersonation", common, ~clean_hit, ~success, values, ("dist",), spent, flags))
         ones = torch.ones(n, dtype=torch.bool)

@@ -92,7 +92,8 @@ def lines(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[floa
                         continue
                     line.values.setdefault(name, {})[_run(r)] = value
                     if measure.key is not None:
-                        line.per_example.setdefault(name, []).append(per_example(r, measure.key))
+                        vals = per_example(r, measure.key)
+                        line.per_example.setdefault(name, []).append(vals[~np.isnan(vals)])
             line.reference = dict(reference.get((e.dataset, e.recipe.recipe_id, round(eps, 12)), {}))
             found.append(line)
         out[group_key] = (eps, sorted(found, key=lambda x: x.recipe.label()))

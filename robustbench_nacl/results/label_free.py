@@ -195,11 +195,15 @@ class Measure:
         return self.key is None
 
     def read(self, row: Mapping[str, Any]) -> float | None:
-        """The measure of one row (None where the row lacks its values)."""
+        """The measure of one row (None where the row lacks its values): the mean over the examples
+        that have one (a pair whose clean embeddings coincide has no margin ratio, NaN, skipped as
+        Petrov et al.'s pandas mean skips it)."""
         if self.key is None:
             return float(row["robust_acc"])
         values = per_example(row, self.key)
-        return None if values is None or not len(values) else float(values.mean())
+        if values is None or not len(values) or np.isnan(values).all():
+            return None
+        return float(np.nanmean(values))
 
 
 def encode_values(values: Any) -> str:
