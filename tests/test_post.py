@@ -392,14 +392,21 @@ def test_a_killed_run_resumes_to_the_same_weights(
     with pytest.raises(KeyboardInterrupt):
         post_process(parent, "dynacl++", out, overrides=TINY, device="cpu", progress=False)
     assert not (out / "manifest.json").exists() and (out / "post-state" / "aft.pt").is_file()
+    before = json.loads((out / "post-state" / "clock.json").read_text())
     monkeypatch.setattr(lpaft, "save_state", save)
     post_process(parent, "dynacl++", out, overrides=TINY, device="cpu", progress=False)
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (child, out))
     assert a["weights_sha256"] == b["weights_sha256"] and a["id"] == b["id"]
+
     # the branch agreement after LP and after each AFT epoch, the killed epoch's kept across the resume
     assert a["post"]["aft_monitor"] == b["post"]["aft_monitor"]
     assert [r["epoch"] for r in b["post"]["aft_monitor"]] == [0, 1, 2]
     assert all(0 <= r["agreement"] <= 1 and -1 <= r["feature_cosine"] <= 1 for r in b["post"]["aft_monitor"])
+    # the resumed run says so, and each stage's time adds up both processes' epochs: LP's is the killed
+    # run's alone (it was done), AFT's its epoch 1 and the resumed run's epoch 2
+    assert "resumed_at" not in a["post"] and b["post"]["resumed_at"] == {"lp": TINY["lp_epochs"], "aft": 1}
+    assert b["post"]["wall_s"]["lp"] == pytest.approx(sum(before["lp"].values()), abs=1e-3)
+    assert set(before["aft"]) == {"1"} and b["post"]["wall_s"]["aft"] > before["aft"]["1"] > 0
     assert not (out / "post-state").exists()
 
 

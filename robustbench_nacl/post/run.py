@@ -40,6 +40,7 @@ from .pseudo_labels import assign_pseudo_labels
 from .recipes import PostRecipe, resolve_recipe
 
 STATE_DIR = "post-state"  # per-stage resume states, removed once the checkpoint is written
+CLOCK = "clock.json"  # each stage's wall seconds per epoch (_Clock)
 LABELS = "pseudo_labels.safetensors"  # the pseudo-labels, kept beside the weights (sha256 in the manifest)
 MONITOR = "aft_monitor.json"  # the branch agreement per AFT epoch (post.aft_monitor in the manifest)
 MONITOR_IMAGES = 512  # the first training images, unaugmented: one of the authors' batches
@@ -94,9 +95,11 @@ def post_process(
     t0 = time.perf_counter()
     labels, cluster_info = _pseudo_labels(encoder, train, cfg, k, seed, out / STATE_DIR)
     walls = {"pseudo_labels": time.perf_counter() - t0}
-    model = _train(encoder, train, labels, cfg, k, seed, out / STATE_DIR, progress, walls)
+    resumed: dict[str, int] = {}
+    model = _train(encoder, train, labels, cfg, k, seed, out / STATE_DIR, progress, walls, resumed)
     monitor = json.loads((out / STATE_DIR / MONITOR).read_text())
     info = cluster_info | {"wall_s": walls, "aft_monitor": monitor}
+    info |= {"resumed_at": resumed} if resumed else {}  # its epochs' times were added up across runs
     _export(out, model[0], parent, cfg, training, (spec, data_root), dev, info, checkpoint_id)
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)
     return out
@@ -189,10 +192,11 @@ def _pseudo_labels(
 
 def _train(
     encoder: nn.Module, train: ImageData, labels: torch.Tensor, cfg: PostRecipe, k: int, seed: int,
-    state: Path, progress: bool, walls: dict[str, float],
+    state: Path, progress: bool, walls: dict[str, float], resumed: dict[str, int],
 ) -> nn.Sequential:  # fmt: skip
     """LP then AFT on the pseudo-labels; returns (encoder, head) finetuned, eval mode, frozen.
-    ``walls`` gets each stage's seconds (this process's: a resumed stage counts what it ran)."""
+    ``walls`` gets each stage's seconds, every epoch's added up across a resume (:class:`_Clock`);
+    ``resumed`` the epoch each stage resumed at, for the stages that did not start at 0."""
     # the authors' BatchNorms: torch's default momentum in both branches
     set_bn_momentum(encoder, cfg.bn_momentum, main=cfg.bn_momentum)
     set_bn_route(encoder, cfg.train_route)
@@ -201,8 +205,8 @@ def _train(
     with torch.no_grad():
         dim = int(encoder(train.x[:1].to(device).float().div(255)).shape[1])
     head = zero_head(dim, max(k, train.num_classes), device)
-    t0 = time.perf_counter()
-    run_stage(
+    clock = _Clock(state / CLOCK)
+    start_lp = run_stage(
         lp_stage(cfg, head, state / "lp.pt"),
         train.x,
         labels,
@@ -210,11 +214,17 @@ def _train(
         recipe=cfg,
         seed=seed,
         progress=progress,
+        on_epoch=lambda epoch, _: clock("lp", epoch),
     )
-    t1 = time.perf_counter()
     model = nn.Sequential(encoder, head).requires_grad_(True)
+    clock.restart()  # the monitor's agreement after LP counts as AFT's
     monitor = _AftMonitor(model, train.x[:MONITOR_IMAGES].to(device), state / MONITOR)
-    run_stage(
+
+    def aft_epoch(epoch: int, loss: float) -> None:
+        monitor(epoch, loss)
+        clock("aft", epoch)
+
+    start_aft = run_stage(
         aft_stage(cfg, model, state / "aft.pt"),
         train.x,
         labels,
@@ -222,10 +232,36 @@ def _train(
         recipe=cfg,
         seed=seed,
         progress=progress,
-        on_epoch=monitor,
+        on_epoch=aft_epoch,
     )
-    walls.update(lp=t1 - t0, aft=time.perf_counter() - t1)
+    walls.update(lp=clock.total("lp"), aft=clock.total("aft"))
+    resumed.update({k: v for k, v in (("lp", start_lp), ("aft", start_aft)) if v})
     return model.eval().requires_grad_(False)
+
+
+class _Clock:
+    """Each stage's wall seconds per epoch, kept in the state folder as the epochs end, so a run
+    stopped and resumed in another process still records its whole time (a redone epoch counts once,
+    the time lost to the stop not at all)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.t = path, time.perf_counter()
+        try:
+            self.log: dict[str, dict[str, float]] = dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            self.log = {}
+
+    def restart(self) -> None:
+        self.t = time.perf_counter()
+
+    def __call__(self, stage: str, epoch: int) -> None:
+        now = time.perf_counter()
+        self.log.setdefault(stage, {})[str(epoch)] = round(now - self.t, 3)
+        self.t = now
+        write_json_atomic(self.path, self.log)
+
+    def total(self, stage: str) -> float:
+        return float(sum(self.log.get(stage, {}).values()))
 
 
 class _AftMonitor:
