@@ -49,6 +49,24 @@ def test_eval_like_zoo_writes_the_rows_zoo_eval_writes(
     assert zoo_rows and zoo_rows <= _ids(board) and not {r["row_id"] for r in rows} <= _ids(board)
 
 
+def test_like_zoo_label_free_rows_are_the_boards_label_free_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's checkpoint measured label-free as the zoo does shares the board's protocol id, so its
+    line lands in the board's label-free table (README section 4)."""
+    monkeypatch.setenv("ROBUSTBENCH_NACL_ZOO", str(tmp_path / "zoo"))
+    e = tiny_entry(tmp_path / "zoo", "simclr", protocol="slf,label-free", n_examples=12)
+    ck, board = tmp_path / "ck", tmp_path / "board"
+    argv = ["zoo", "run", "--zoo", "t", "--out", str(ck), "--leaderboard", str(board), "--no-controls"]
+    assert cli.main([*argv, "--no-progress"]) == 0
+    mine = tmp_path / "mine"
+    flags = ["--like-zoo", "t", "--protocol", "label-free", "--out", str(mine)]
+    assert cli.main(["eval", str(ck / e.id), *flags]) == 0
+    rows = [json.loads(p.read_text()) for p in (board / "rows").glob("*.json")]
+    label_free = {r["row_id"] for r in rows if (r.get("finetune") or {}).get("protocol") == "label-free"}
+    assert label_free and _ids(mine) == label_free  # every label-free row of the board, and only those
+
+
 @pytest.mark.parametrize(
     ("extra", "msg"),
     [
