@@ -241,3 +241,32 @@ def test_the_paragraph_is_pinned_to_the_numbers() -> None:
         "representation, not through the probe); a ranks 2 by"
     ) in text
     assert report.correlation(found[:2], "self_retrieval_cos") is None  # fewer than 3 recipes
+
+
+def test_the_paragraph_says_which_measures_the_paired_bootstrap_tells_apart_from_the_best() -> None:
+    """A copy of the best measure is not told apart from it (difference 0 on every resample); a
+    measure that ranks the recipes backwards is."""
+    aa = {"a": (0.50, 0.52), "b": (0.40, 0.41), "c": (0.30, 0.31), "d": (0.20, 0.22), "e": (0.10, 0.12)}
+    found = _lines({f: [(a, a) for a in refs] for f, refs in aa.items()})
+    for line in found:  # self-retrieval (cos) follows AutoAttack; its L2 twin copies it; cosine reverses it
+        line.values["self_retrieval_l2"] = dict(line.values["self_retrieval_cos"])
+        line.values["cos_sim"] = {k: 1 - v for k, v in line.values["self_retrieval_cos"].items()}
+    twin = report.rho_difference(found, "self_retrieval_cos", "self_retrieval_l2")
+    assert twin == (0.0, 0.0, 0.0)
+    backwards = report.rho_difference(found, "self_retrieval_cos", "cos_sim")
+    assert backwards is not None and backwards[0] == pytest.approx(2.0) and backwards[1] > 0
+    text = report.paragraph(found, 0.032, "ds")
+    best, l2, cos = (MEASURES.get(m).label for m in ("self_retrieval_cos", "self_retrieval_l2", "cos_sim"))
+    assert f"ranks them most like SLF AutoAttack at 0.032 is {best}: Spearman's ρ = 1.00" in text
+    assert (
+        f"Paired on the same resamples, {best}'s ρ is not told apart (the 95 % interval of the difference "
+        f"reaches 0) from {l2} (+0.00 [+0.00, +0.00]); it is above {cos} (+2.00 [{backwards[1]:+.2f}, "
+        f"{backwards[2]:+.2f}])."
+    ) in text
+    assert report.rho_difference(found[:2], "self_retrieval_cos", "cos_sim") is None
+    for line in found:  # without the twin, the best is above every other measure
+        del line.values["self_retrieval_l2"]
+    assert (
+        f"Paired on the same resamples, {best}'s ρ is above every other's (the 95 % interval of each "
+        f"difference excludes 0): {cos} (+2.00 ["
+    ) in report.paragraph(found, 0.032, "ds")

@@ -6,6 +6,7 @@ README is what the code makes of the committed rows and manifests."""
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def test_autoattack_standard_in_domain_and_its_apgd_in_transfer_for_every_encode
     encoders = set()
     for r in rows:
         key = (r["checkpoint_sha256"], protocol_name(r), r["setting"], r["dataset"])
-        if r["setting"] in ("in-domain", "transfer"):
+        if r["setting"] in ("in-domain", "transfer") and protocol_name(r) != "label-free":  # no head
             encoders.add(key)
         if r["attack"] == "autoattack":
             assert r["eps"] == 0.032 and r["attack_versions"].get("pyautoattack"), r["row_id"]
@@ -212,15 +213,27 @@ def test_the_headroom_reading_says_what_the_generated_numbers_say(rows: list) ->
     aa = {f.name: scaled(f, "autoattack") for f in trained}
     assert "ACL, RoCL, DeACL and DynACL are, in the mean over seed pairs, more than twice" in text
     assert all((aa[f].ratio or 0) > 200 for f in ("acl", "rocl", "deacl", "dynacl"))
-    # "ACL-AIR, DynACL-AIR and DynACL++ are more than three times as far above the control as the
-    # supervised baseline"
-    assert "ACL-AIR, DynACL-AIR and DynACL++ are more than three times as far above the control" in text
-    assert all((aa[f].ratio or 0) > 300 for f in ("acl_air", "dynacl_air", "dynacl++"))
-    # "DynACL++ lies above DynACL in every seed pair and DynACL-AIR++ below DynACL-AIR in every seed pair"
-    assert "DynACL++ lies above DynACL in every seed pair and DynACL-AIR++ below DynACL-AIR in every" in text
+    # "ACL-AIR, DynACL-AIR, DynACL++ and DynACL-AIR++ are more than three times as far above the
+    # control as the supervised baseline"
+    assert "ACL-AIR, DynACL-AIR, DynACL++ and DynACL-AIR++ are more than three times as far above" in text
+    assert all((aa[f].ratio or 0) > 300 for f in ("acl_air", "dynacl_air", "dynacl++", "dynacl_air++"))
+    # "DynACL++ lies above DynACL and DynACL-AIR++ above DynACL-AIR in every seed pair, and
+    # DynACL-AIR++ has the board's highest mean"
+    assert "DynACL++ lies above DynACL and DynACL-AIR++ above DynACL-AIR in every seed pair, and" in text
+    assert "DynACL-AIR++ has the board's highest mean" in text
     fam = {f.name: f.values("autoattack") for f in trained}
     assert all(fam["dynacl++"][s] > fam["dynacl"][s] for s in (0, 1, 2))
-    assert all(fam["dynacl_air++"][s] < fam["dynacl_air"][s] for s in (0, 1, 2))
+    assert all(fam["dynacl_air++"][s] > fam["dynacl_air"][s] for s in (0, 1, 2))
+    means = {name: sum(v.values()) / len(v) for name, v in fam.items()}
+    assert max(means, key=lambda k: means[k]) == "dynacl_air++"
+    # "DynACL-AIR++'s seed interval still reaches below 0" (the generated claims section, SLF line)
+    assert "DynACL-AIR++'s seed interval still reaches below 0" in text
+    claim = re.search(
+        r"DynACL-AIR\+\+ is more robust than DynACL-AIR \(in-domain, AutoAttack@0\.032 \(8\.16/255\)\): "
+        r"\+[\d.]+ \[(-?[\d.]+), ",
+        text,
+    )
+    assert claim is not None and float(claim.group(1)) < 0
     # "DeACL's student starts from its SimCLR teacher's weights ... within half a point of where it was"
     assert "training left it within half a point of where it was" in text
     deacl = next(f for f in trained if f.name == "deacl")

@@ -206,6 +206,43 @@ def correlation(
     return Correlation(name, rho, float(lo), float(hi), len(paired), ranks)
 
 
+def rho_difference(
+    found: list[Line], first: str, second: str, *, b: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float, float] | None:
+    """rho(``first``) - rho(``second``) against the reference over the recipes whose runs have both
+    measures and the reference, with the 2.5 / 97.5 percentiles over ``b`` seed-bootstrap resamples
+    that draw the same runs for both measures (a paired interval: the two rhos' own intervals can
+    overlap while the interval of their difference excludes 0)."""
+    s1, s2 = MEASURES.get(first).sign, MEASURES.get(second).sign
+    paired = []
+    for line in found:
+        v1, v2 = line.values.get(first, {}), line.values.get(second, {})
+        runs = sorted(set(v1) & set(v2) & set(line.reference))
+        if runs:
+            paired.append(
+                (
+                    np.array([s1 * v1[r] for r in runs]),
+                    np.array([s2 * v2[r] for r in runs]),
+                    np.array([line.reference[r] for r in runs]),
+                )
+            )
+    if len(paired) < 3:
+        return None
+    ref = [a.mean() for _, _, a in paired]
+    diff = spearman([m.mean() for m, _, _ in paired], ref) - spearman([m.mean() for _, m, _ in paired], ref)
+    if math.isnan(diff):
+        return None
+    rng = np.random.default_rng(seed)
+    m1, m2, refs = (np.empty((b, len(paired))) for _ in range(3))
+    for k, (x, y, a) in enumerate(paired):
+        pick = rng.integers(0, len(a), (b, len(a)))
+        m1[:, k], m2[:, k], refs[:, k] = x[pick].mean(axis=1), y[pick].mean(axis=1), a[pick].mean(axis=1)
+    draws = _rows_spearman(m1, refs) - _rows_spearman(m2, refs)
+    draws = draws[~np.isnan(draws)]
+    lo, hi = np.percentile(draws, [2.5, 97.5]) if len(draws) else (math.nan, math.nan)
+    return float(diff), float(lo), float(hi)
+
+
 def _rank(x: float) -> str:
     return f"{x:g}"
 
@@ -233,6 +270,24 @@ def paragraph(found: list[Line], eps: float, dataset: str) -> str:
             f"{MEASURES.get(c.measure).label} {c.rho:.2f} [{c.lo:.2f}, {c.hi:.2f}]" for c in corr[1:]
         )
         text += f" The others, by ρ: {rest}."
+        apart, close = [], []
+        for c in corr[1:]:
+            d = rho_difference(found, best.measure, c.measure)
+            if d is None:
+                continue
+            cell = f"{MEASURES.get(c.measure).label} ({d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}])"
+            (apart if d[1] > 0 else close).append(cell)
+        if close:
+            text += (
+                f" Paired on the same resamples, {label}'s ρ is not told apart (the 95 % interval of the "
+                f"difference reaches 0) from {'; '.join(close)}"
+            )
+            text += f"; it is above {'; '.join(apart)}." if apart else "."
+        elif apart:
+            text += (
+                f" Paired on the same resamples, {label}'s ρ is above every other's (the 95 % interval "
+                f"of each difference excludes 0): {'; '.join(apart)}."
+            )
     gaps = {k: v[1] - v[0] for k, v in best.ranks.items()}  # > 0: better in the representation
     up = max(gaps, key=lambda k: (gaps[k], k))
     down = min(gaps, key=lambda k: (gaps[k], k))
