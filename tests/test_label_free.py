@@ -193,6 +193,9 @@ def test_the_cli_writes_rows_and_a_table_and_refuses_the_folder_for_slf(
     out = capsys.readouterr().out
     assert "repr_pgd_cos" in out and "knn_repr_l2" in out and "result rows computed" in out
     assert len(list((tmp_path / "o" / "rows").glob("*.json"))) == 6
+    assert main(["leaderboard", "--rows", str(tmp_path / "o"), "--out", str(tmp_path / "board")]) == 0
+    page = " ".join((tmp_path / "board" / "LEADERBOARD.md").read_text().split())
+    assert "From 6 label-free rows of 1 encoder, apart from the rows of the accuracy tables." in page
     (tmp_path / "imgs").mkdir()
     assert main(["eval", str(ckpt), "--dataset", str(tmp_path / "imgs"), "--out", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

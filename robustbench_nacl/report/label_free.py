@@ -315,13 +315,16 @@ def markdown_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     found = lines(rows)
     if not found:
         return []
+    mine = [r for r in rows if is_label_free(r)]
+    n_runs = len({str(r["checkpoint_sha256"]) for r in mine})
     md = [
         "## Label-free robustness (the representation attacked, no head)",
         "",
         "Sign-PGD on the frozen encoder's embedding (docs/decisions.md, 'Label-free robustness'): "
         "self-retrieval, impersonation and no-overlap in % of examples, the others means per example; "
         "95 % intervals (t over seeds; one seed: Wilson or t over examples). Higher is more robust "
-        "except for distance, quantile and breakaway.",
+        f"except for distance, quantile and breakaway. From {len(mine)} label-free rows of {n_runs} "
+        f"encoder{'s' if n_runs != 1 else ''}, apart from the rows of the accuracy tables.",
         "",
     ]
     for (dataset, _), (eps, group) in found.items():
