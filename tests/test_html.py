@@ -291,3 +291,19 @@ def test_intervals_and_the_comparison_show_under_their_values(driver: Any, site1
     base = next(r for r in site17["records"] if r["setting"] == "in-domain" and r["is_baseline"])
     cell = driver.find_element("css selector", f"tr.entry[data-id={base['entry_id']}] td[data-col=delta]")
     assert cell.text == "baseline"
+
+
+def test_the_label_free_section_is_a_static_escaped_table() -> None:
+    from robustbench_nacl.report.html import render_page, static_section
+
+    md = ["## Label-free", "", "Intro with `code` and <b>.", "", "### ε = 0.032", ""]
+    md += ["| family | a <x> |", "|---|---|", "| simclr | 1.5 [0.0, 3.5] |", "| acl | 73.8 |", "", "After."]
+    html = static_section(md)
+    assert html.startswith("<h2>Label-free</h2>\n<p>Intro with <code>code</code> and &lt;b&gt;.</p>")
+    assert "<h3>ε = 0.032</h3>" in html and "<p>After.</p>" in html
+    assert '<thead><tr><th scope="col">family</th><th scope="col">a &lt;x&gt;</th></tr></thead>' in html
+    assert html.count("<tr><td>") == 2 and "<tr><td>simclr</td><td>1.5 [0.0, 3.5]</td></tr>" in html
+    page = render_page(title="t", lead="l", legend=[], columns=[], rows=[], images=[], extra=html)
+    assert '<section id="label-free">' in page and page.index('id="lb"') < page.index('id="label-free"')
+    bare = render_page(title="t", lead="l", legend=[], columns=[], rows=[], images=[])
+    assert 'id="label-free"' not in bare

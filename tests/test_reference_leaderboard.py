@@ -159,6 +159,16 @@ def test_every_trained_row_names_published_weights_that_verify(rows: list, tmp_p
     assert not report.bad and not report.missing and len(report.published) == len(entries)
 
 
+def test_the_page_shows_the_label_free_table_of_leaderboard_md() -> None:
+    page = (BOARD / "index.html").read_text()
+    md = (BOARD / "LEADERBOARD.md").read_text()
+    section = md[md.index("## Label-free robustness") :]
+    lines = [x for x in section.splitlines() if x.startswith("| ") and not x.startswith("| family")]
+    html = page[page.index('<section id="label-free">') :]
+    assert len(lines) == 25 and html.count("<tr><td>") == len(lines)  # 24 families and the control
+    assert "From 2250 label-free rows of 75 encoders" in html
+
+
 def test_the_readme_states_the_published_size_as_it_is() -> None:
     size = sum(p.stat().st_size for p in SET.rglob("*") if p.is_file())
     weights = sum(p.stat().st_size for p in MODELS.glob("*/weights.safetensors"))

@@ -57,6 +57,8 @@ button.prov-toggle { border: 0; background: none; cursor: pointer; font: inherit
 tr.prov td { background: var(--head); }
 tr.prov dl { display: grid; grid-template-columns: max-content 1fr; gap: .15rem 1rem; margin: .3rem 0; }
 tr.prov dt { color: var(--mute); } tr.prov dd { margin: 0; word-break: break-all; }
+table.static th { cursor: auto; position: static; } table.static td { font-variant-numeric: tabular-nums; }
+#label-free { margin-top: 2rem; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid var(--line); background: #fff; }
 figcaption { color: var(--mute); }
 """
@@ -209,6 +211,39 @@ def _inline_md(text: str) -> str:
     return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text, quote=False))
 
 
+def static_section(md: list[str]) -> str:
+    """Static HTML of a generated Markdown section made of headings, pipe tables and paragraphs (the
+    label-free section: no sorting needed, so no script; the text is LEADERBOARD.md's, escaped)."""
+    out: list[str] = []
+    table: list[list[str]] = []
+
+    def cells(line: str) -> list[str]:
+        return [_inline_md(c.strip()) for c in line.strip().strip("|").split("|")]
+
+    def flush() -> None:
+        if table:
+            head = "".join(f'<th scope="col">{c}</th>' for c in table[0])
+            body = "\n".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in table[1:])
+            out.append(f'<table class="static"><thead><tr>{head}</tr></thead>')
+            out.append(f"<tbody>\n{body}\n</tbody></table>")
+            table.clear()
+
+    for line in md:
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):  # the separator line carries nothing
+                table.append(cells(line))
+            continue
+        flush()
+        if line.startswith("### "):
+            out.append(f"<h3>{_inline_md(line[4:])}</h3>")
+        elif line.startswith("## "):
+            out.append(f"<h2>{_inline_md(line[3:])}</h2>")
+        elif line.strip():
+            out.append(f"<p>{_inline_md(line)}</p>")
+    flush()
+    return "\n".join(out)
+
+
 def render_page(
     *,
     title: str,
@@ -217,8 +252,10 @@ def render_page(
     columns: list[dict[str, Any]],
     rows: list[dict[str, Any]],
     images: list[tuple[str, str]],
+    extra: str = "",
 ) -> str:
-    """The whole page; ``images``: (relative path, caption); ``columns`` and ``rows``: :func:`html_table`."""
+    """The whole page; ``images``: (relative path, caption); ``columns`` and ``rows``: :func:`html_table`;
+    ``extra``: static HTML after the table (:func:`static_section`)."""
     items = "\n".join(f"<li><b>{html.escape(k)}</b>: {_inline_md(v)}</li>" for k, v in legend)
     figures = "\n".join(
         f'<figure><img class="plot" src="{html.escape(src)}" alt="{html.escape(cap)}">'
@@ -256,6 +293,7 @@ numbers.</p></noscript>
 <tbody id="lb-body"></tbody>
 </table>
 <p class="lead">Click a column header to sort (again to reverse); click ▸ for a row's provenance.</p>
+{f'<section id="label-free">{chr(10)}{extra}{chr(10)}</section>' if extra else ""}
 <script type="application/json" id="leaderboard-data">{data}</script>
 <script>{_JS}</script>
 </body>

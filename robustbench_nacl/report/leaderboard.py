@@ -128,7 +128,13 @@ def render_leaderboard(
     lead, items = markdown.legend(ctx, command, dropped)
     columns, table = html.html_table(ctx)
     site = html.render_page(
-        title=title, lead=lead, legend=items, columns=columns, rows=table, images=list(captions.items())
+        title=title,
+        lead=lead,
+        legend=items,
+        columns=columns,
+        rows=table,
+        images=list(captions.items()),
+        extra=html.static_section(label_free),
     )
     write("index.html", site.encode())
     return written
