@@ -127,14 +127,9 @@ def render_leaderboard(
     write("leaderboard.json", export.leaderboard_json(ctx, recs, meta))
     lead, items = markdown.legend(ctx, command, dropped)
     columns, table = html.html_table(ctx)
+    imgs, extra = list(captions.items()), html.static_section(label_free)
     site = html.render_page(
-        title=title,
-        lead=lead,
-        legend=items,
-        columns=columns,
-        rows=table,
-        images=list(captions.items()),
-        extra=html.static_section(label_free),
+        title=title, lead=lead, legend=items, columns=columns, rows=table, images=imgs, extra=extra
     )
     write("index.html", site.encode())
     return written
