@@ -263,6 +263,7 @@ def render_page(
         for src, cap in images
     )
     data = embed_json({"columns": columns, "rows": rows})
+    section = f'<section id="label-free">\n{extra}\n</section>' if extra else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -293,7 +294,7 @@ numbers.</p></noscript>
 <tbody id="lb-body"></tbody>
 </table>
 <p class="lead">Click a column header to sort (again to reverse); click ▸ for a row's provenance.</p>
-{f'<section id="label-free">{chr(10)}{extra}{chr(10)}</section>' if extra else ""}
+{section}
 <script type="application/json" id="leaderboard-data">{data}</script>
 <script>{_JS}</script>
 </body>

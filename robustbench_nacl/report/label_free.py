@@ -168,42 +168,52 @@ class Correlation:
     ranks: dict[str, tuple[float, float]]
 
 
+def _paired(found: list[Line], names: Sequence[str]) -> list[tuple[str, list[np.ndarray]]]:
+    """Per recipe whose runs hold every measure of ``names`` and the reference: its label and, over
+    those runs (sorted), one array per measure (oriented: higher = more robust), the reference last."""
+    out = []
+    for line in found:
+        runs = sorted(set(line.reference).intersection(*(line.values.get(n, {}) for n in names)))
+        if runs:
+            cols = [np.array([MEASURES.get(n).sign * line.values[n][r] for r in runs]) for n in names]
+            out.append((line.recipe.label(), [*cols, np.array([line.reference[r] for r in runs])]))
+    return out
+
+
+def _resampled_means(paired: list[tuple[str, list[np.ndarray]]], b: int, seed: int) -> list[np.ndarray]:
+    """``b`` seed-bootstrap resamples at once: per recipe, its runs drawn with replacement (every
+    column of a run together); one (b, recipes) array of resampled means per column."""
+    rng = np.random.default_rng(seed)
+    out = [np.empty((b, len(paired))) for _ in paired[0][1]]
+    for k, (_, cols) in enumerate(paired):
+        pick = rng.integers(0, len(cols[0]), (b, len(cols[0])))
+        for o, c in zip(out, cols, strict=True):
+            o[:, k] = c[pick].mean(axis=1)
+    return out
+
+
+def _percentiles(draws: np.ndarray) -> tuple[float, float]:
+    draws = draws[~np.isnan(draws)]
+    lo, hi = np.percentile(draws, [2.5, 97.5]) if len(draws) else (math.nan, math.nan)
+    return float(lo), float(hi)
+
+
 def correlation(
     found: list[Line], name: str, *, b: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED
 ) -> Correlation | None:
     """rho between ``name`` (oriented: higher = more robust) and the reference over the recipes
     whose runs have both, with the 2.5 / 97.5 percentiles of ``b`` seed-bootstrap resamples."""
-    sign = MEASURES.get(name).sign
-    paired = []
-    for line in found:
-        runs = sorted(set(line.values.get(name, {})) & set(line.reference))
-        if runs:
-            values = line.values[name]
-            paired.append(
-                (
-                    line.recipe.label(),
-                    np.array([sign * values[r] for r in runs]),
-                    np.array([line.reference[r] for r in runs]),
-                )
-            )
+    paired = _paired(found, [name])
     if len(paired) < 3:
         return None
-    rho = spearman([m.mean() for _, m, _ in paired], [a.mean() for _, _, a in paired])
+    means = [np.array([cols[k].mean() for _, cols in paired]) for k in (0, 1)]
+    rho = spearman(means[0], means[1])
     if math.isnan(rho):
         return None
-    rng = np.random.default_rng(seed)
-    # b resamples at once: per recipe, its runs drawn with replacement (measure and AutoAttack together)
-    ms, refs = np.empty((b, len(paired))), np.empty((b, len(paired)))
-    for k, (_, m, a) in enumerate(paired):
-        pick = rng.integers(0, len(m), (b, len(m)))
-        ms[:, k], refs[:, k] = m[pick].mean(axis=1), a[pick].mean(axis=1)
-    draws = _rows_spearman(ms, refs)
-    draws = draws[~np.isnan(draws)]
-    lo, hi = np.percentile(draws, [2.5, 97.5]) if len(draws) else (math.nan, math.nan)
-    rm = len(paired) + 1 - _ranks(np.array([m.mean() for _, m, _ in paired]))
-    ra = len(paired) + 1 - _ranks(np.array([a.mean() for _, _, a in paired]))
-    ranks = {label: (float(x), float(y)) for (label, _, _), x, y in zip(paired, rm, ra, strict=True)}
-    return Correlation(name, rho, float(lo), float(hi), len(paired), ranks)
+    lo, hi = _percentiles(_rows_spearman(*_resampled_means(paired, b, seed)))
+    rm, ra = (len(paired) + 1 - _ranks(m) for m in means)
+    ranks = {label: (float(x), float(y)) for (label, _), x, y in zip(paired, rm, ra, strict=True)}
+    return Correlation(name, rho, lo, hi, len(paired), ranks)
 
 
 def rho_difference(
@@ -213,34 +223,16 @@ def rho_difference(
     measures and the reference, with the 2.5 / 97.5 percentiles over ``b`` seed-bootstrap resamples
     that draw the same runs for both measures (a paired interval: the two rhos' own intervals can
     overlap while the interval of their difference excludes 0)."""
-    s1, s2 = MEASURES.get(first).sign, MEASURES.get(second).sign
-    paired = []
-    for line in found:
-        v1, v2 = line.values.get(first, {}), line.values.get(second, {})
-        runs = sorted(set(v1) & set(v2) & set(line.reference))
-        if runs:
-            paired.append(
-                (
-                    np.array([s1 * v1[r] for r in runs]),
-                    np.array([s2 * v2[r] for r in runs]),
-                    np.array([line.reference[r] for r in runs]),
-                )
-            )
+    paired = _paired(found, [first, second])
     if len(paired) < 3:
         return None
-    ref = [a.mean() for _, _, a in paired]
-    diff = spearman([m.mean() for m, _, _ in paired], ref) - spearman([m.mean() for _, m, _ in paired], ref)
+    m1, m2, ref = ([cols[k].mean() for _, cols in paired] for k in range(3))
+    diff = spearman(m1, ref) - spearman(m2, ref)
     if math.isnan(diff):
         return None
-    rng = np.random.default_rng(seed)
-    m1, m2, refs = (np.empty((b, len(paired))) for _ in range(3))
-    for k, (x, y, a) in enumerate(paired):
-        pick = rng.integers(0, len(a), (b, len(a)))
-        m1[:, k], m2[:, k], refs[:, k] = x[pick].mean(axis=1), y[pick].mean(axis=1), a[pick].mean(axis=1)
-    draws = _rows_spearman(m1, refs) - _rows_spearman(m2, refs)
-    draws = draws[~np.isnan(draws)]
-    lo, hi = np.percentile(draws, [2.5, 97.5]) if len(draws) else (math.nan, math.nan)
-    return float(diff), float(lo), float(hi)
+    r1, r2, refs = _resampled_means(paired, b, seed)
+    lo, hi = _percentiles(_rows_spearman(r1, refs) - _rows_spearman(r2, refs))
+    return float(diff), lo, hi
 
 
 def _rank(x: float) -> str:
@@ -315,15 +307,15 @@ def markdown_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     found = lines(rows)
     if not found:
         return []
-    mine = [r for r in rows if is_label_free(r)]
-    n_runs = len({str(r["checkpoint_sha256"]) for r in mine})
+    label_free = [r for r in rows if is_label_free(r)]
+    n_runs = len({str(r["checkpoint_sha256"]) for r in label_free})
     md = [
         "## Label-free robustness (the representation attacked, no head)",
         "",
         "Sign-PGD on the frozen encoder's embedding (docs/decisions.md, 'Label-free robustness'): "
         "self-retrieval, impersonation and no-overlap in % of examples, the others means per example; "
         "95 % intervals (t over seeds; one seed: Wilson or t over examples). Higher is more robust "
-        f"except for distance, quantile and breakaway. From {len(mine)} label-free rows of {n_runs} "
+        f"except for distance, quantile and breakaway. From {len(label_free)} label-free rows of {n_runs} "
         f"encoder{'s' if n_runs != 1 else ''}, apart from the rows of the accuracy tables.",
         "",
     ]
