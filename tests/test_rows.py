@@ -23,6 +23,7 @@ from robustbench_nacl.results.rows import (
     recipe_id,
     row_id,
     row_path,
+    rows_read_once,
     stamp_ids,
     write_row,
 )
@@ -54,6 +55,25 @@ def test_round_trip_and_dict_access(tmp_path: Path) -> None:
     on_disk = json.loads(row_path(tmp_path, row.row_id).read_text())
     assert on_disk == data and all(not isinstance(v, ResultRow) for v in on_disk.values())
     assert read_valid_row(row_path(tmp_path, row.row_id), row.row_id) == row
+
+
+def test_rows_read_once_reads_a_directory_once_inside_the_block_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import robustbench_nacl.results.rows as rows_mod
+
+    one, two = load_rows(ROWS)[:2]
+    write_row(tmp_path, one)
+    reads: list[Path] = []
+    real = rows_mod.read_row
+    monkeypatch.setattr(rows_mod, "read_row", lambda p: reads.append(p) or real(p))
+    with rows_read_once():
+        first = load_rows(tmp_path)
+        write_row(tmp_path, two)  # inside the block the directory is not read again
+        again = load_rows(str(tmp_path / "."))  # the same folder, spelt another way
+        assert first == again == [one] and first is not again and len(reads) == 1
+    assert {r.row_id for r in load_rows(tmp_path)} == {one.row_id, two.row_id} and len(reads) == 3
+    assert {r.row_id for r in load_rows(tmp_path)} == {one.row_id, two.row_id} and len(reads) == 5
 
 
 def test_ids_are_hashes_of_the_rows_own_fields() -> None:

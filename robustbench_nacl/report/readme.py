@@ -285,10 +285,13 @@ def sections() -> dict[tuple[str, str], Callable[[Path, Path], str]]:
 def regenerate(board: str | Path, manifests: str | Path) -> str:
     """``board``/README.md with every generated section made again from ``board``'s rows and the
     checkpoint manifests under ``manifests``; the file itself is not written."""
+    from ..results.rows import rows_read_once
+
     board, manifests = Path(board), Path(manifests)
     text = (board / "README.md").read_text()
-    for (begin, end), make in sections().items():
-        text = splice_between(text, make(board, manifests), begin, end)
+    with rows_read_once():  # every section reads the same board
+        for (begin, end), make in sections().items():
+            text = splice_between(text, make(board, manifests), begin, end)
     return text
 
 

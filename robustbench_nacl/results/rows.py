@@ -25,6 +25,8 @@ import os
 import time
 import zlib
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -447,6 +449,25 @@ def read_row_pack(path: str | Path) -> list[dict[str, Any]]:
     return raw
 
 
+# directory -> its rows, while a `rows_read_once()` block runs (None outside one)
+_READ_ONCE: ContextVar[dict[Path, list[ResultRow]] | None] = ContextVar("rows_read_once", default=None)
+
+
+@contextmanager
+def rows_read_once() -> Iterator[None]:
+    """Within the block, ``load_rows`` reads and validates each directory once.
+
+    For a report that reads one board several times (the leaderboard README's sections each load
+    the board's 14,000 rows; reading and checking them was half its cost). Rows are immutable, so
+    the readers share them; each gets its own list. Outside the block every call reads the files.
+    """
+    token = _READ_ONCE.set({})
+    try:
+        yield
+    finally:
+        _READ_ONCE.reset(token)
+
+
 def load_rows(directory: str | Path) -> list[ResultRow]:
     """Every row under ``directory`` (its ``rows/`` subfolder if present, and its row pack if it has
     one), validated, in a stable order.
@@ -454,7 +475,16 @@ def load_rows(directory: str | Path) -> list[ResultRow]:
     Rows written before rows carried recipe and protocol ids fail with one line saying how to
     re-run their evaluations.
     """
-    d = Path(directory)
+    read = _READ_ONCE.get()
+    if read is None:
+        return _load_rows(Path(directory))
+    key = Path(directory).resolve()
+    if key not in read:
+        read[key] = _load_rows(key)
+    return list(read[key])
+
+
+def _load_rows(d: Path) -> list[ResultRow]:
     if d.exists() and not d.is_dir():
         raise UserError(f"{d} is a file, not a rows directory: pass the --out folder of `eval` (its rows/)")
     if not d.is_dir():
