@@ -23,7 +23,8 @@ standard at 0.032 on 500 test examples). The variants change one thing at a time
 Rows are looked up by the checkpoint's weights sha256 in ``--rows`` folders (this script's own and
 ``leaderboard/rows``) before anything is computed; ``run`` resumes where it stopped (``post`` from its
 per-epoch state, ``eval`` skips rows it has). ``table`` prints the means over seeds with 95 %
-t-intervals, each variant beside its parent, and the clean/adversarial branch agreement per AFT epoch
+t-intervals, each variant beside its parent and minus its parent seed by seed (the same parent weights
+and test examples: a paired difference), and the clean/adversarial branch agreement per AFT epoch
 that post-processing logs (``post.aft_monitor``); ``--json`` writes one line per variant.
 """
 
@@ -203,6 +204,12 @@ def summary(seeds: list[int]) -> list[dict[str, Any]]:
                     "clean": _mean_ci([c for c, _, _ in per_seed.values()]),
                     "autoattack": _mean_ci([a for _, a, _ in per_seed.values()]),
                 }
+        for proto in ("slf", "alf"):
+            # the variant minus its own parent, seed by seed: the seeds share the parent's weights
+            # and the test examples, so the per-seed differences are the comparison to make
+            mine, theirs = rec[f"variant_{proto}"]["seeds"], rec[f"parent_{proto}"]["seeds"]
+            diff = {s: mine[s]["autoattack"] - theirs[s]["autoattack"] for s in mine if s in theirs}
+            rec[f"paired_{proto}"] = {"seeds": diff, "autoattack": _mean_ci(list(diff.values()))}
         rec["aft_monitor"] = {}
         for s in seeds:
             m = checkpoint(v, s) / "manifest.json"
@@ -221,9 +228,20 @@ def _fmt(stat: tuple[float, float, float] | None, n: int) -> str:
     return f"{100 * m:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] (n={n})"
 
 
+def _fmt_paired(paired: dict[str, Any]) -> str:
+    if paired["autoattack"] is None:
+        return "–"
+    m, lo, hi = paired["autoattack"]
+    each = " ".join(f"{100 * d:+.1f}" for _, d in sorted(paired["seeds"].items()))
+    return f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (seeds: {each})"
+
+
 def print_table(records: list[dict[str, Any]]) -> None:
-    print("| variant | protocol | clean | AutoAttack@0.032 | parent clean | parent AutoAttack@0.032 |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| variant | protocol | clean | AutoAttack@0.032 | parent clean | parent AutoAttack@0.032 "
+        "| AutoAttack minus parent's, paired by seed |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in records:
         for proto in ("slf", "alf"):
             a, p = r[f"variant_{proto}"], r[f"parent_{proto}"]
@@ -233,6 +251,7 @@ def print_table(records: list[dict[str, Any]]) -> None:
                 _fmt(a["autoattack"], na),
                 _fmt(p["clean"], np_),
                 _fmt(p["autoattack"], np_),
+                _fmt_paired(r[f"paired_{proto}"]),
             ]
             print(f"| {r['variant']} | {proto.upper()} | " + " | ".join(cells) + " |")
     print()
