@@ -12,11 +12,25 @@ import torch
 from _models import digits_data, digits_model, one_thread
 from torch import Tensor, nn
 
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota (a container
+    sees the host's cores in ``os.cpu_count()``)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable here: the affinity stands
+    return max(1, cores)
+
+
 # Tests run on 2-core CI machines: pin threads so timings and CPU bit-identity are stable. Under
 # pytest-xdist the cores are shared out among the workers (two workers on CI: one thread each), so
 # that they do not oversubscribe the machine.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-_DEFAULT_THREADS = max(1, min(2, (os.cpu_count() or 2) // _WORKERS))
+_DEFAULT_THREADS = max(1, min(2, usable_cores() // _WORKERS))
 torch.set_num_threads(int(os.environ.get("ROBUSTBENCH_NACL_TEST_THREADS", str(_DEFAULT_THREADS))))
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,17 +87,9 @@ def data(request: pytest.FixtureRequest) -> tuple[Tensor, Tensor]:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """One worker per core this process may use: its CPU affinity, capped by a cgroup CPU quota (a
-    container sees the host's cores in ``os.cpu_count()``), and at most 8 (each worker builds the
-    module fixtures of the modules it runs)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, -(-int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 quota readable here: the affinity stands
-    return max(1, min(cores, 8))
+    """One worker per usable core, at most 8 (each worker builds the module fixtures of the modules
+    it runs)."""
+    return min(usable_cores(), 8)
 
 
 # ============ test order: the long modules first ============
