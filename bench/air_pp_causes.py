@@ -225,6 +225,8 @@ def _fmt(stat: tuple[float, float, float] | None, n: int) -> str:
     if stat is None:
         return "–"
     m, lo, hi = stat
+    # an accuracy's t-interval over two or three seeds can leave [0, 100]: clipped, as the board does
+    lo, hi = max(lo, 0.0), min(hi, 1.0)
     return f"{100 * m:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] (n={n})"
 
 
