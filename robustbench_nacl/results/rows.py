@@ -478,9 +478,9 @@ def load_rows(directory: str | Path) -> list[ResultRow]:
     read = _READ_ONCE.get()
     if read is None:
         return _load_rows(Path(directory))
-    key = Path(directory).resolve()
+    key = Path(directory).resolve()  # one folder however it is spelt
     if key not in read:
-        read[key] = _load_rows(key)
+        read[key] = _load_rows(Path(directory))  # as given: its messages and rows' source name it so
     return list(read[key])
 
 
