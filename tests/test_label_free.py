@@ -273,3 +273,22 @@ def test_the_paragraph_says_which_measures_the_paired_bootstrap_tells_apart_from
         f"Paired on the same resamples, {best}'s ρ is above every other's (the 95 % interval of each "
         f"difference excludes 0): {cos} (+2.00 ["
     ) in report.paragraph(found, 0.032, "ds")
+
+
+def test_an_interval_stays_in_its_measures_range() -> None:
+    """Three seeds' cosines near 1 give a t-interval above 1 and breakaway risks near 0 one below
+    0; the table clips each to the values the measure can take, and leaves an unbounded one alone."""
+    from robustbench_nacl.report.aggregate import Recipe
+    from robustbench_nacl.report.stats import t_interval
+
+    line = report.Line(Recipe("enc", "ds", "f", "", False, "f"), n_examples=100)
+    runs = {"cos_sim": [0.999, 0.90, 0.95], "breakaway": [0.001, 0.06, 0.03], "margin": [-0.2, 0.4, 0.1]}
+    for name, values in runs.items():
+        line.values[name] = {("f", s): v for s, v in enumerate(values)}
+    raw = {name: t_interval(values) for name, values in runs.items()}
+    assert raw["cos_sim"][1] > 1 and raw["breakaway"][0] < 0  # what the clipping is for
+    cos, brk, margin = (report.stat(line, n) for n in ("cos_sim", "breakaway", "margin"))
+    assert (cos.lo, cos.hi) == (pytest.approx(raw["cos_sim"][0]), 1.0)
+    assert (brk.lo, brk.hi) == (0.0, pytest.approx(raw["breakaway"][1]))
+    assert (margin.lo, margin.hi) == (pytest.approx(raw["margin"][0]), pytest.approx(raw["margin"][1]))
+    assert report.fmt_measure("cos_sim", cos).endswith(", 1.000]")

@@ -3,11 +3,12 @@
 Label-free rows (results/label_free.py) are left out of the ranked SLF / ALF / AFF tables: their
 numbers are not accuracies of a classifier. They get a section of their own: per dataset and
 protocol, each recipe's measures at the largest eps the rows share (mean over seeds with a 95 %
-t-interval; one seed: Wilson over examples for a fraction, t over examples for a mean), then a
-paragraph generated from the rows: Spearman's rho between each measure and SLF AutoAttack at that
-eps across recipes, with a seed-bootstrap interval (each recipe's runs resampled with replacement,
-the label-free and the AutoAttack reading of a run kept together), and the recipes whose ranks
-differ most. The reference README's ``label-free`` section is the same text (report/readme.py).
+t-interval; one seed: Wilson over examples for a fraction, t over examples for a mean; each
+interval clipped to its measure's range), then a paragraph generated from the rows: Spearman's rho
+between each measure and SLF AutoAttack at that eps across recipes, with a seed-bootstrap interval
+(each recipe's runs resampled with replacement, the label-free and the AutoAttack reading of a run
+kept together), and the recipes whose ranks differ most. The reference README's ``label-free``
+section is the same text (report/readme.py).
 """
 
 from __future__ import annotations
@@ -109,12 +110,17 @@ def stat(line: Line, name: str) -> Stat:
     if measure.fraction:
         return Stat.of(values, line.n_examples)
     mean = float(np.mean(values))
+    low, high = measure.bounds
+
+    def clipped(interval: tuple[float, float]) -> tuple[float, float]:
+        return max(low, interval[0]), min(high, interval[1])
+
     if len(values) > 1:
-        lo, hi = t_interval(values)
+        lo, hi = clipped(t_interval(values))
         return Stat(mean, float(np.std(values, ddof=1)), len(values), lo, hi, "t")
     examples = line.per_example.get(name, [])
     if examples and len(examples[0]) > 1:
-        lo, hi = t_interval(list(examples[0]))
+        lo, hi = clipped(t_interval(list(examples[0])))
         return Stat(mean, None, 1, lo, hi, "t over examples")
     return Stat(mean, None, 1)
 
@@ -314,7 +320,8 @@ def markdown_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "",
         "Sign-PGD on the frozen encoder's embedding (docs/decisions.md, 'Label-free robustness'): "
         "self-retrieval, impersonation and no-overlap in % of examples, the others means per example; "
-        "95 % intervals (t over seeds; one seed: Wilson or t over examples). Higher is more robust "
+        "95 % intervals (t over seeds; one seed: Wilson or t over examples), clipped to each measure's "
+        "range (cosine to [-1, 1], quantile and breakaway to [0, 1]). Higher is more robust "
         f"except for distance, quantile and breakaway. From {len(label_free)} label-free rows of {n_runs} "
         f"encoder{'s' if n_runs != 1 else ''}, apart from the rows of the accuracy tables.",
         "",

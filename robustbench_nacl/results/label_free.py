@@ -181,13 +181,16 @@ def is_label_free(row: Mapping[str, Any]) -> bool:
 class Measure:
     """One label-free number per run, read from the row of ``attack`` at one eps: the mean of its
     per-example ``key`` values, or (``key`` None) its ``robust_acc``, a fraction of examples.
-    ``sign`` orients it for rankings: +1 when higher is more robust, -1 when lower is."""
+    ``sign`` orients it for rankings: +1 when higher is more robust, -1 when lower is. ``bounds``:
+    the range its per-example values can take; an interval is clipped to it, as an accuracy's is
+    to [0, 1] (a t-interval over three seeds can otherwise give a cosine above 1)."""
 
     name: str
     attack: str
     label: str
     key: str | None = None
     sign: float = 1.0
+    bounds: tuple[float, float] = (-math.inf, math.inf)
 
     @property
     def fraction(self) -> bool:
@@ -232,11 +235,11 @@ def per_example(row: Mapping[str, Any], key: str) -> np.ndarray | None:
 MEASURES: Registry[Measure] = Registry("label-free measure")
 for _m in (
     Measure("self_retrieval_cos", "repr_pgd_cos", "self-retrieval (cos attack)"),
-    Measure("cos_sim", "repr_pgd_cos", "cosine to clean (cos attack)", "cos"),
+    Measure("cos_sim", "repr_pgd_cos", "cosine to clean (cos attack)", "cos", bounds=(-1.0, 1.0)),
     Measure("self_retrieval_l2", "repr_pgd_l2", "self-retrieval (L2 attack)"),
-    Measure("distance_l2", "repr_pgd_l2", "distance / median (L2 attack)", "dist", -1.0),
-    Measure("quantile_l2", "repr_pgd_l2", "universal quantile (L2 attack)", "uq", -1.0),
-    Measure("breakaway", "repr_pgd_l2", "breakaway risk", "breakaway", -1.0),
+    Measure("distance_l2", "repr_pgd_l2", "distance / median (L2 attack)", "dist", -1.0, (0.0, math.inf)),
+    Measure("quantile_l2", "repr_pgd_l2", "universal quantile (L2 attack)", "uq", -1.0, (0.0, 1.0)),
+    Measure("breakaway", "repr_pgd_l2", "breakaway risk", "breakaway", -1.0, (0.0, 1.0)),
     Measure("impersonation", "impersonation", "impersonation resisted"),
     Measure("margin", "margin", "adversarial margin ratio", "margin"),
     Measure("overlap", "margin", "margin >= 0 (no overlap)"),
