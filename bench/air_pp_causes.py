@@ -24,8 +24,10 @@ Rows are looked up by the checkpoint's weights sha256 in ``--rows`` folders (thi
 ``leaderboard/rows``) before anything is computed; ``run`` resumes where it stopped (``post`` from its
 per-epoch state, ``eval`` skips rows it has). ``table`` prints the means over seeds with 95 %
 t-intervals, each variant beside its parent and minus its parent seed by seed (the same parent weights
-and test examples: a paired difference), and the clean/adversarial branch agreement per AFT epoch
-that post-processing logs (``post.aft_monitor``); ``--json`` writes one line per variant.
+and test examples: a paired difference), then the comparisons that isolate a cause (``COMPARISONS``: a
+variant minus another, seed by seed), and the clean/adversarial branch agreement per AFT epoch that
+post-processing logs (``post.aft_monitor``); ``--json`` writes one line per variant (the comparisons
+under ``minus``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ VARIANTS = [
     Variant("air++ 2023-04", "dynacl_air", "air++", {}, "zoo", "dynacl_air++"),
     Variant("dynacl++", "dynacl", "dynacl++", {}, "published", "dynacl++"),
     Variant("dynacl++, clean target", "dynacl", "dynacl++", {"attack_target_route": "clean"}, "here"),
+]
+#: the variant comparisons that isolate a cause, paired by seed: (variant, minus this one, what differs)
+COMPARISONS = [
+    ("air++ 2023-10, adv target", "air++ 2023-10", "the attack target alone"),
+    ("dynacl++, clean target", "dynacl++", "the attack target alone"),
+    ("air++ 2023-04", "air++ 2023-10, adv target", "start, cluster count, tolerance"),
 ]
 SLUG = {v.name: v.name.replace(" ", "_").replace(",", "").replace("+", "p") for v in VARIANTS}
 
@@ -208,8 +216,7 @@ def summary(seeds: list[int]) -> list[dict[str, Any]]:
             # the variant minus its own parent, seed by seed: the seeds share the parent's weights
             # and the test examples, so the per-seed differences are the comparison to make
             mine, theirs = rec[f"variant_{proto}"]["seeds"], rec[f"parent_{proto}"]["seeds"]
-            diff = {s: mine[s]["autoattack"] - theirs[s]["autoattack"] for s in mine if s in theirs}
-            rec[f"paired_{proto}"] = {"seeds": diff, "autoattack": _mean_ci(list(diff.values()))}
+            rec[f"paired_{proto}"] = _paired(mine, theirs)
         rec["aft_monitor"] = {}
         for s in seeds:
             m = checkpoint(v, s) / "manifest.json"
@@ -218,7 +225,23 @@ def summary(seeds: list[int]) -> list[dict[str, Any]]:
                 if mon:
                     rec["aft_monitor"][s] = [(r["epoch"], r["agreement"], r["feature_cosine"]) for r in mon]
         out.append(rec)
+    by_name = {r["variant"]: r for r in out}
+    for name, other, _ in COMPARISONS:  # a cause isolated: one variant minus another, by seed
+        by_name[name].setdefault("minus", {})[other] = {
+            proto: _paired(
+                by_name[name][f"variant_{proto}"]["seeds"], by_name[other][f"variant_{proto}"]["seeds"]
+            )
+            for proto in ("slf", "alf")
+        }
     return out
+
+
+def _paired(mine: dict[int, dict[str, Any]], theirs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """AutoAttack of ``mine`` minus ``theirs`` on the seeds both have, and its mean with a t-interval:
+    the seeds share the parent's weights and the test examples, so the per-seed differences are the
+    comparison to make."""
+    diff = {s: mine[s]["autoattack"] - theirs[s]["autoattack"] for s in mine if s in theirs}
+    return {"seeds": diff, "autoattack": _mean_ci(list(diff.values()))}
 
 
 def _fmt(stat: tuple[float, float, float] | None, n: int) -> str:
@@ -256,6 +279,14 @@ def print_table(records: list[dict[str, Any]]) -> None:
                 _fmt_paired(r[f"paired_{proto}"]),
             ]
             print(f"| {r['variant']} | {proto.upper()} | " + " | ".join(cells) + " |")
+    print()
+    by_name = {r["variant"]: r for r in records}
+    print("| variant | minus | what differs | protocol | AutoAttack difference, paired by seed |")
+    print("|---|---|---|---|---|")
+    for name, other, what in COMPARISONS:
+        for proto in ("slf", "alf"):
+            cell = _fmt_paired(by_name[name]["minus"][other][proto])
+            print(f"| {name} | {other} | {what} | {proto.upper()} | {cell} |")
     print()
     for r in records:
         for s, mon in sorted(r["aft_monitor"].items()):
