@@ -15,7 +15,7 @@ standard at 0.032 on 500 test examples). The variants change one thing at a time
 - ``air++ 2023-10, adv target``: the same with the attack's target through the adversarial branch:
   the one change.
 - ``air++ 2023-04``: the full April-2023 reading (the new default ``air++``; the fourth edition's
-  checkpoints, made by ``zoo train`` under ``robustbench_out/reference``).
+  DynACL-AIR++, rows and weights published).
 - ``dynacl++``: the board's DynACL++ (rows and weights published).
 - ``dynacl++, clean target``: the converse, DynACL++ with the attack aimed at the clean branch's
   prediction; it should fall below its parent if the explanation holds.
@@ -41,7 +41,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "robustbench_out" / "air_pp_causes"
-BOARD_CKPTS = ROOT / "robustbench_out" / "reference"  # where `zoo train` makes the board's checkpoints
 PUBLISHED = ROOT / "robustbench_nacl" / "files" / "published" / "fashion-mnist" / "models"
 #: the third edition's in-domain AutoAttack rows of its DynACL-AIR++ (the October reading), kept here
 #: as the board made them: the fourth edition sets them aside from leaderboard/
@@ -55,7 +54,7 @@ class Variant:
     parent: str  # the parent family (the board's loss)
     recipe: str  # the post-processing recipe
     overrides: dict[str, str]
-    made_by: str  # "here" (this script), "zoo" (the board's run), "published" (the package's weights),
+    made_by: str  # "here" (this script), "published" (the package's weights),
     # "third-edition" (weights named by the kept rows of THIRD_EDITION)
     entry_loss: str = ""  # the board entry it is, when it is one
 
@@ -65,7 +64,8 @@ VARIANTS = [
     Variant(
         "air++ 2023-10, adv target", "dynacl_air", "air++-2023-10", {"attack_target_route": "adv"}, "here"
     ),
-    Variant("air++ 2023-04", "dynacl_air", "air++", {}, "zoo", "dynacl_air++"),
+    # the fourth edition's DynACL-AIR++: `zoo train` made it, `zoo publish` shipped the same weights
+    Variant("air++ 2023-04", "dynacl_air", "air++", {}, "published", "dynacl_air++"),
     Variant("dynacl++", "dynacl", "dynacl++", {}, "published", "dynacl++"),
     Variant("dynacl++, clean target", "dynacl", "dynacl++", {"attack_target_route": "clean"}, "here"),
 ]
@@ -84,8 +84,6 @@ def _entry_id(loss: str, seed: int) -> str:
 
 def checkpoint(v: Variant, seed: int) -> Path:
     """Where the variant's checkpoint of ``seed`` is (or will be)."""
-    if v.made_by == "zoo":
-        return BOARD_CKPTS / _entry_id(v.entry_loss, seed)
     if v.made_by == "published":
         return PUBLISHED / _entry_id(v.entry_loss, seed)
     return OUT / "ckpt" / f"{SLUG[v.name]}_s{seed}"
@@ -261,7 +259,7 @@ def _fmt_paired(paired: dict[str, Any]) -> str:
     return f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] (seeds: {each})"
 
 
-def print_table(records: list[dict[str, Any]]) -> None:
+def print_table(records: list[dict[str, Any]], seeds: list[int]) -> None:
     print(
         "| variant | protocol | clean | AutoAttack@0.032 | parent clean | parent AutoAttack@0.032 "
         "| AutoAttack minus parent's, paired by seed |"
@@ -280,6 +278,17 @@ def print_table(records: list[dict[str, Any]]) -> None:
             ]
             print(f"| {r['variant']} | {proto.upper()} | " + " | ".join(cells) + " |")
     print()
+    made_by = {v.name: v.made_by for v in VARIANTS}
+    for r in records:  # a "–" says why: the rows this script makes are not in the repository
+        missing = [s for s in seeds if any(s not in r[f"variant_{p}"]["seeds"] for p in ("slf", "alf"))]
+        if missing:
+            todo = ",".join(map(str, missing))
+            how = (
+                f"python bench/air_pp_causes.py run --only {r['variant']!r} --seeds {todo}"
+                if made_by[r["variant"]] == "here"
+                else f"its weights are the {made_by[r['variant']]} ones, which this script does not make"
+            )
+            print(f"no SLF/ALF rows for {r['variant']!r}, seed(s) {todo}: {how}")
     by_name = {r["variant"]: r for r in records}
     print("| variant | minus | what differs | protocol | AutoAttack difference, paired by seed |")
     print("|---|---|---|---|---|")
@@ -306,7 +315,7 @@ def main() -> None:
     if a.action == "run":
         run(chosen, seeds)
     records = summary(seeds)
-    print_table(records)
+    print_table(records, seeds)
     if a.json:
         a.json.write_text("".join(json.dumps(r) + "\n" for r in records))
 
