@@ -211,8 +211,6 @@ def summary(seeds: list[int]) -> list[dict[str, Any]]:
                     "autoattack": _mean_ci([a for _, a, _ in per_seed.values()]),
                 }
         for proto in ("slf", "alf"):
-            # the variant minus its own parent, seed by seed: the seeds share the parent's weights
-            # and the test examples, so the per-seed differences are the comparison to make
             mine, theirs = rec[f"variant_{proto}"]["seeds"], rec[f"parent_{proto}"]["seeds"]
             rec[f"paired_{proto}"] = _paired(mine, theirs)
         rec["aft_monitor"] = {}
@@ -235,9 +233,9 @@ def summary(seeds: list[int]) -> list[dict[str, Any]]:
 
 
 def _paired(mine: dict[int, dict[str, Any]], theirs: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """AutoAttack of ``mine`` minus ``theirs`` on the seeds both have, and its mean with a t-interval:
-    the seeds share the parent's weights and the test examples, so the per-seed differences are the
-    comparison to make."""
+    """AutoAttack of ``mine`` minus ``theirs`` on the seeds both have, and its mean with a t-interval.
+    A seed's variants and its parent share the parent's weights and the test examples, so the
+    per-seed differences are the comparison to make."""
     diff = {s: mine[s]["autoattack"] - theirs[s]["autoattack"] for s in mine if s in theirs}
     return {"seeds": diff, "autoattack": _mean_ci(list(diff.values()))}
 

@@ -25,7 +25,7 @@ from ..results.label_free import MEASURES, is_label_free, per_example
 from ..results.rows import ResultRow, protocol_name
 from .aggregate import Recipe, aggregate
 from .fmt import MISSING, fmt_stat
-from .stats import Stat, t_interval
+from .stats import Stat
 
 MARKERS = ("<!-- label-free:begin -->", "<!-- label-free:end -->")
 #: the head-based number the measures are read against: SLF AutoAttack (L-inf) in-domain
@@ -109,19 +109,13 @@ def stat(line: Line, name: str) -> Stat:
         return Stat(None, None, 0)
     if measure.fraction:
         return Stat.of(values, line.n_examples)
-    mean = float(np.mean(values))
-    low, high = measure.bounds
-
-    def clipped(interval: tuple[float, float]) -> tuple[float, float]:
-        return max(low, interval[0]), min(high, interval[1])
-
     if len(values) > 1:
-        lo, hi = clipped(t_interval(values))
-        return Stat(mean, float(np.std(values, ddof=1)), len(values), lo, hi, "t")
+        return Stat.of(values, bounds=measure.bounds)
+    mean = float(np.mean(values))
     examples = line.per_example.get(name, [])
     if examples and len(examples[0]) > 1:
-        lo, hi = clipped(t_interval(list(examples[0])))
-        return Stat(mean, None, 1, lo, hi, "t over examples")
+        over_examples = Stat.of(examples[0], bounds=measure.bounds)
+        return Stat(mean, None, 1, over_examples.lo, over_examples.hi, "t over examples")
     return Stat(mean, None, 1)
 
 

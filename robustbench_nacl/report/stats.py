@@ -186,8 +186,9 @@ class Stat:
     interval: str = ""
 
     @staticmethod
-    def of(values: Iterable[float], n_examples: int = 0) -> Stat:
-        """The statistics of per-run accuracies measured on ``n_examples`` test examples each."""
+    def of(values: Iterable[float], n_examples: int = 0, bounds: tuple[float, float] = (0.0, 1.0)) -> Stat:
+        """The statistics of per-run accuracies measured on ``n_examples`` test examples each; the
+        interval is clipped to ``bounds``, the values a run can take (an accuracy's by default)."""
         v = np.asarray(list(values), dtype=float)
         if v.size == 0:
             return Stat(None, None, 0)
@@ -199,4 +200,4 @@ class Stat:
         else:
             return Stat(mean, None, 1)
         std = float(v.std(ddof=1)) if v.size > 1 else None
-        return Stat(mean, std, int(v.size), max(0.0, lo), min(1.0, hi), kind)
+        return Stat(mean, std, int(v.size), max(bounds[0], lo), min(bounds[1], hi), kind)
